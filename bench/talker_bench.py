@@ -1,0 +1,165 @@
+"""Talker throughput: offline batch-1 path vs the continuous-batching engine at 1..16 requests.
+
+Builds a talker with random weights at the REAL dimensions of a released checkpoint (default
+0.6B; weights never leave memory) and measures, in one run:
+  * offline: the model core's batch-1 ``generate`` (per-frame time);
+  * engine: N concurrent requests (N in --concurrency), aggregate and per-request frames/s;
+  * time from a request's arrival to its first frame while N-1 others are running.
+
+Example (the figures in the issue notes):
+    python bench/talker_bench.py --size 0b6 --threads 2 --frames 24 --json bench/results/talker.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
+from talker_service.model.generate import generate
+from talker_service.model.loader import TalkerModel
+from talker_service.model.prompt import TalkerPrompt
+from talker_service.model.sampling import SamplingParams
+from talker_service.model.talker import Talker
+from tts_common.config import CheckpointConfig, GenerationDefaults, SpeechTokenizerConfig
+from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
+
+
+def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
+    cfg = release_model_config(size, "custom_voice")
+    torch.manual_seed(0)
+    talker = Talker(cfg.talker).to(dtype).eval().requires_grad_(False)
+    with torch.no_grad():
+        talker.codec_head.weight[cfg.talker.codec_eos_token_id].zero_()  # fixed-length runs
+    ckpt = CheckpointConfig(
+        path=Path("."),
+        model=cfg,
+        speech_tokenizer=SpeechTokenizerConfig.from_dict(speech_tokenizer_config_dict()),
+        generation=GenerationDefaults(),
+    )
+    return TalkerModel(config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=dtype)  # type: ignore[arg-type]
+
+
+def random_prompt(model: TalkerModel, prefill_len: int, seed: int) -> TalkerPrompt:
+    g = torch.Generator().manual_seed(seed)
+    h = model.config.model.talker.hidden_size
+    return TalkerPrompt(
+        prefill=torch.randn(prefill_len, h, generator=g, dtype=model.dtype) * 0.02,
+        trailing=torch.randn(1, h, generator=g, dtype=model.dtype) * 0.02,
+        tts_pad=torch.zeros(h, dtype=model.dtype),
+        mode="custom_voice",
+        input_ids=[0] * 20,
+    )
+
+
+def bench_offline(model: TalkerModel, frames: int, prefill_len: int) -> dict:
+    prompt = random_prompt(model, prefill_len, 0)
+    generate(model, [prompt], 3, SamplingParams.greedy())  # warm-up
+    t0 = time.perf_counter()
+    out = generate(model, [prompt], frames + 1, SamplingParams.greedy())
+    dt = time.perf_counter() - t0
+    n = out[0].shape[0]
+    return {"frames": n, "seconds": dt, "ms_per_frame": 1000 * dt / n, "frames_per_s": n / dt}
+
+
+def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len: int) -> dict:
+    engine = TalkerEngine(model.talker, EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8))
+    engine.start()
+    done = threading.Event()
+    lock = threading.Lock()
+    arrivals: dict[int, float] = {}
+    first: dict[int, float] = {}
+    counts = [0] * concurrency
+    finished = [0]
+
+    def sink_for(i: int):
+        def sink(event) -> None:
+            now = time.perf_counter()
+            with lock:
+                if isinstance(event, FrameEvent):
+                    counts[i] += 1
+                    first.setdefault(i, now)
+                elif isinstance(event, DoneEvent):
+                    finished[0] += 1
+                    if finished[0] == concurrency:
+                        done.set()
+
+        return sink
+
+    # Warm-up request (allocator, first-call costs).
+    warm = threading.Event()
+    engine.submit("warm", random_prompt(model, prefill_len, 99), SamplingParams.greedy(), 2,
+                  lambda e: warm.set() if isinstance(e, DoneEvent) else None)
+    warm.wait()
+    t0 = time.perf_counter()
+    # N-1 requests start together; the last arrives once they are all decoding, and its time to
+    # first frame is the "arrival while N-1 others run" figure.
+    for i in range(concurrency - 1):
+        arrivals[i] = time.perf_counter()
+        engine.submit(f"r{i}", random_prompt(model, prefill_len, i), SamplingParams.greedy(), frames, sink_for(i))
+    if concurrency > 1:
+        while min(counts[: concurrency - 1]) < 2:
+            time.sleep(0.001)
+    last = concurrency - 1
+    arrivals[last] = time.perf_counter()
+    engine.submit(f"r{last}", random_prompt(model, prefill_len, last), SamplingParams.greedy(), frames, sink_for(last))
+    done.wait()
+    total = time.perf_counter() - t0
+    engine.stop()
+    per_request_fps = [frames / (total - (arrivals[i] - t0)) for i in range(concurrency)]
+    return {
+        "concurrency": concurrency,
+        "frames_total": sum(counts),
+        "seconds": total,
+        "aggregate_frames_per_s": sum(counts) / total,
+        "per_request_frames_per_s_mean": statistics.mean(per_request_fps),
+        "arrival_to_first_frame_ms_with_others_running": 1000 * (first[last] - arrivals[last]),
+        "engine_steps": engine.steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="0b6", choices=["0b6", "1b7"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--frames", type=int, default=24, help="frames per request")
+    ap.add_argument("--prefill-len", type=int, default=20)
+    ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    dtype = getattr(torch, args.dtype)
+    t0 = time.perf_counter()
+    model = build_model(args.size, dtype)
+    print(f"built random {args.size} talker ({sum(p.numel() for p in model.talker.parameters())/1e6:.0f} M params) "
+          f"in {time.perf_counter()-t0:.1f} s; threads={args.threads} dtype={args.dtype}")
+    results: dict = {"size": args.size, "dtype": args.dtype, "threads": args.threads, "frames": args.frames}
+    results["offline_batch1"] = off = bench_offline(model, args.frames, args.prefill_len)
+    print(f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s)")
+    results["engine"] = []
+    print(f"{'N':>3} {'agg frames/s':>13} {'per-req frames/s':>17} {'x batch-1':>10} {'TTFF new (ms)':>14}")
+    base = None
+    for n in [int(x) for x in args.concurrency.split(",")]:
+        r = bench_engine(model, n, args.frames, args.prefill_len)
+        results["engine"].append(r)
+        base = base or r["aggregate_frames_per_s"]
+        print(f"{n:>3} {r['aggregate_frames_per_s']:>13.2f} {r['per_request_frames_per_s_mean']:>17.2f} "
+              f"{r['aggregate_frames_per_s']/base:>10.2f} {r['arrival_to_first_frame_ms_with_others_running']:>14.1f}")
+    kv = 2 * model.config.model.talker.num_hidden_layers * model.config.model.talker.num_key_value_heads * \
+        model.config.model.talker.head_dim * torch.finfo(dtype).bits // 8
+    results["kv_bytes_per_position"] = kv
+    print(f"talker KV per slot position: {kv} B ({kv * 2048 / 2**20:.0f} MiB per 2048-position slot)")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(results, indent=2))
+
+
+if __name__ == "__main__":
+    main()

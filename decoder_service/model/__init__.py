@@ -1,0 +1,1 @@
+"""Speech-tokenizer decoder models: whole-utterance and seamless streaming decoding."""

@@ -1,0 +1,1 @@
+"""Speaker service: x-vector speaker embeddings and ICL reference codes for voice cloning."""

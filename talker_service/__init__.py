@@ -1,0 +1,1 @@
+"""Talker stage service (text -> codec codes)."""

@@ -1,0 +1,45 @@
+"""Typed configuration of the talker engine."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class EngineConfig:
+    """How many requests the talker engine runs at once and how it schedules them."""
+
+    max_slots: int = 16
+    """Requests decoded concurrently (static KV slots preallocated for each)."""
+    max_seq_len: int = 2048
+    """Talker KV positions per slot: prompt length plus frame budget must fit."""
+    max_waiting: int = 64
+    """Requests allowed to wait for a slot; more are refused (RESOURCE_EXHAUSTED)."""
+    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    """Batch sizes a decode step is padded to on CUDA (one captured graph each)."""
+    max_prefill_tokens_per_step: int = 256
+    """Prompt positions prefilled between two decode steps (at least one whole request), so that
+    newcomers never stall running streams for much more than one step."""
+    attend_len_bucket: int = 64
+    """On CUDA the attended cache length is rounded up to a multiple of this (graph reuse)."""
+    use_cuda_graphs: bool = True
+    """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
+    default_budget_base_frames: int = 125
+    """Runaway guard: default frame budget = base + per_token * text tokens (capped by max_seq_len)."""
+    default_budget_frames_per_token: int = 10
+    """About 0.8 s of audio per text token, far above natural speech (0.2-0.4 s)."""
+    device: str = "cpu"
+    dtype: str = "float32"
+    extra: dict[str, str] = field(default_factory=dict)
+    """Free-form settings logged at start-up (for operators)."""
+
+    def bucket_for(self, batch: int) -> int:
+        """Smallest configured bucket that holds ``batch`` rows (``batch`` itself past the last)."""
+        for bucket in sorted(self.batch_buckets):
+            if bucket >= batch:
+                return bucket
+        return batch
+
+    def default_frame_budget(self, num_text_tokens: int) -> int:
+        """Frames a request may produce when it does not set max_new_tokens."""
+        return self.default_budget_base_frames + self.default_budget_frames_per_token * num_text_tokens

@@ -1,0 +1,131 @@
+"""Model-facing half of the talker engine: static KV slots, per-slot decode state, one step.
+
+The runner owns a :class:`~talker_service.model.talker.KVCache` with ``max_slots`` slots and a
+*slot table*: a :class:`~talker_service.model.step.DecodeState` with one row per slot (positions,
+last code0, past hidden state, repetition-penalty history, sampling parameters). A decode step
+gathers the rows of the active slots, runs :func:`~talker_service.model.step.decode_step` on
+them (talker forward + the code predictor's 15 steps + sampling) and scatters the new state back.
+
+CPU: the step runs eagerly with exactly the active rows and ``attend_len = max(position) + 1``,
+which is bit-identical to running each request alone (tests check it). CUDA: the same function
+is captured once per batch bucket as a CUDA graph (:mod:`.cuda_graphs`), with padded rows and a
+static ``attend_len``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import fields
+
+import torch
+
+from ..model.sampling import RequestNoise, SamplingParams, SamplingTensors
+from ..model.step import DecodeState, StepOutput, decode_step, prefill
+from ..model.talker import KVCache, Talker
+from .config import EngineConfig
+from .request import EngineRequest
+
+
+def _allocate_table(talker: Talker, num_slots: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
+    """A zeroed slot table (every field [num_slots, ...])."""
+    params = SamplingTensors.stack([SamplingParams.greedy()] * num_slots, device)
+    return DecodeState(
+        slots=torch.arange(num_slots, device=device),
+        positions=torch.zeros(num_slots, dtype=torch.int64, device=device),
+        last_code0=torch.zeros(num_slots, dtype=torch.int64, device=device),
+        past_hidden=torch.zeros(num_slots, talker.cfg.hidden_size, dtype=dtype, device=device),
+        presence=torch.zeros(num_slots, talker.cfg.vocab_size, dtype=torch.bool, device=device),
+        num_generated=torch.zeros(num_slots, dtype=torch.int64, device=device),
+        params=params,
+    )
+
+
+def scatter_state(table: DecodeState, index: torch.Tensor, rows: DecodeState) -> None:
+    """``table[index] = rows`` for every field (slots excluded: the table's are fixed)."""
+    for f in fields(DecodeState):
+        if f.name == "slots":
+            continue
+        if f.name == "params":
+            for g in fields(SamplingTensors):
+                getattr(table.params, g.name)[index] = getattr(rows.params, g.name)
+        else:
+            getattr(table, f.name)[index] = getattr(rows, f.name)
+
+
+class TalkerRunner:
+    """Prefill and batched decode over static slots for one loaded talker."""
+
+    def __init__(self, talker: Talker, config: EngineConfig) -> None:
+        self.talker = talker
+        self.config = config
+        param = next(talker.parameters())
+        self.device, self.dtype = param.device, param.dtype
+        use_graphs = self.device.type == "cuda" and config.use_cuda_graphs
+        # CUDA graphs pad batches to a bucket: padding rows write into one extra scratch slot.
+        num_slots = config.max_slots + (1 if use_graphs else 0)
+        self.cache = KVCache.allocate(talker.cfg, num_slots, config.max_seq_len, self.device, self.dtype)
+        self.table = _allocate_table(talker, num_slots, self.device, self.dtype)
+        cp = talker.cfg.code_predictor
+        self.cp_steps = talker.cfg.code_predictor.num_code_groups - 1
+        self.cp_vocab = cp.vocab_size
+        self._graphs = None
+        if use_graphs:
+            from .cuda_graphs import CudaGraphStep
+
+            self._graphs = CudaGraphStep(self, config)
+
+    @property
+    def kv_bytes_per_slot(self) -> int:
+        """Talker K+V bytes one slot holds (code-predictor caches are per step and tiny)."""
+        return 2 * self.cache.k[:, 0].numel() * self.cache.k.element_size()
+
+    def prefill(self, request: EngineRequest) -> None:
+        """Write the request's prompt into its slot and choose code0 of frame 0."""
+        assert request.slot is not None
+        request.noise = RequestNoise(
+            request.sampling, self.talker.cfg.vocab_size, self.cp_vocab, self.cp_steps, self.device
+        )
+        params = SamplingTensors.stack([request.sampling], self.device)
+        noise = request.noise.talker() if request.sampling.do_sample else None
+        embeds = request.prompt.prefill.to(self.device, self.dtype)
+        state = prefill(self.talker, self.cache, request.slot, embeds, params, noise)
+        scatter_state(self.table, torch.tensor([request.slot], device=self.device), state)
+
+    def _trailing_rows(self, requests: list[EngineRequest]) -> torch.Tensor:
+        """[B, H]: each row's next trailing text embedding, or tts_pad once exhausted."""
+        rows = []
+        for r in requests:
+            g = r.frames_emitted
+            trailing = r.prompt.trailing
+            rows.append(trailing[g] if g < trailing.shape[0] else r.prompt.tts_pad)
+        return torch.stack(rows).to(self.device, self.dtype)
+
+    def _noise(self, requests: list[EngineRequest]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """Per-row Gumbel noise in each request's draw order (CP draws, then the talker draw)."""
+        any_talker = any(r.sampling.do_sample for r in requests)
+        any_cp = any(r.sampling.subtalker_dosample for r in requests)
+        if not (any_talker or any_cp):
+            return None, None
+        cp_rows, talker_rows = [], []
+        for r in requests:
+            assert r.noise is not None
+            cp, tk = r.noise.step()
+            cp_rows.append(cp)
+            talker_rows.append(tk)
+        talker_noise = torch.stack(talker_rows) if any_talker else None
+        cp_noise = torch.stack(cp_rows) if any_cp else None
+        return talker_noise, cp_noise
+
+    def step(self, requests: list[EngineRequest]) -> StepOutput:
+        """One decode step for ``requests`` (each in its slot); outputs on the model device."""
+        index = torch.tensor([r.slot for r in requests], device=self.device, dtype=torch.int64)
+        trailing = self._trailing_rows(requests)
+        talker_noise, cp_noise = self._noise(requests)
+        if self._graphs is not None:
+            return self._graphs.step(index, trailing, talker_noise, cp_noise, requests)
+        rows = self.table.rows(index)
+        rows.slots = index
+        # Host-side bookkeeping gives the longest attended prefix without a device sync.
+        attend_len = max(r.prompt_len + r.frames_emitted for r in requests) + 1
+        out = decode_step(self.talker, self.cache, rows, trailing, attend_len, talker_noise, cp_noise)
+        scatter_state(self.table, index, rows)
+        return out

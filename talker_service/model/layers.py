@@ -1,0 +1,249 @@
+"""Qwen3-style transformer building blocks shared by the talker and the code predictor.
+
+Numerics follow docs/ARCHITECTURE.md §5/§8 (and docs/CONVENTIONS.md): fp32 RMSNorm cast back
+before the weight multiply, RoPE angles computed in fp32 (rotate-half convention) and cast to the
+activation dtype, per-head q/k RMSNorm before RoPE, SDPA attention with scale head_dim^-0.5.
+The talker's interleaved multimodal RoPE receives identical positions on its three streams for
+TTS, which makes it exactly plain 1-D RoPE, so one implementation serves both modules.
+
+The attention layer does not own a cache: callers pass the K/V buffers of this layer (see
+:class:`talker_service.model.talker.KVCache`) and describe where to write and what to attend.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+class RMSNorm(nn.Module):
+    """``weight * (x.float() * rsqrt(mean(x²) + eps)).to(dtype)``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        dtype = x.dtype
+        h = x.to(torch.float32)
+        var = h.pow(2).mean(-1, keepdim=True)
+        h = h * torch.rsqrt(var + self.eps)
+        return self.weight * h.to(dtype)
+
+
+class RotaryEmbedding(nn.Module):
+    """cos/sin tables for integer positions, computed in fp32 then cast to the activation dtype.
+
+    ``inv_freq`` is deliberately not a buffer: it must stay fp32 when the module is cast to
+    bfloat16, must not appear in the state dict, and must survive meta-device construction.
+    """
+
+    def __init__(self, head_dim: int, theta: float) -> None:
+        super().__init__()
+        self.head_dim = head_dim
+        self.theta = theta
+        self._inv_freq: dict[torch.device, torch.Tensor] = {}
+
+    def inv_freq(self, device: torch.device) -> torch.Tensor:
+        """fp32 [head_dim/2] inverse frequencies (same expression as the reference)."""
+        cached = self._inv_freq.get(device)
+        if cached is None:
+            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(torch.float32) / self.head_dim
+            cached = (1.0 / (self.theta**exponent)).to(device)
+            self._inv_freq[device] = cached
+        return cached
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions [B, S] int -> (cos, sin) each [B, S, head_dim] in ``dtype``."""
+        # Outer product in fp32 (a K=1 matmul in the reference: one rounding per element).
+        freqs = positions.to(torch.float32)[..., None] * self.inv_freq(positions.device)
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
+    cos = cos.unsqueeze(1)
+    sin = sin.unsqueeze(1)
+    return (x * cos) + (_rotate_half(x) * sin)
+
+
+@dataclass
+class AttentionSpec:
+    """How one forward call reads and writes a layer's K/V buffers (shared by all layers).
+
+    ``k_buf``/``v_buf`` passed to the layer have shape [num_slots, kv_heads, max_len, head_dim].
+
+    * ``slots``: ``int`` — every row is that one slot (B must be 1; prefill), views only;
+      ``None`` — row b is slot b (views only); tensor [B] — slot index per row (gather/scatter).
+    * ``positions`` [B, S]: cache position (= RoPE position) of each new token.
+    * ``attend_len``: keys ``[0, attend_len)`` of the slot are read (a static bound: callers use a
+      bucket ≥ max(position)+1 so shapes stay static for CUDA graphs).
+    * ``mask``: bool [B, 1, S, attend_len] (True = visible) or None; ``is_causal``: use SDPA's
+      causal mode instead (only valid when the new tokens sit at positions 0..S-1 and
+      ``attend_len == S``, which is the reference's unmasked prefill path bit for bit).
+    """
+
+    positions: torch.Tensor
+    slots: int | torch.Tensor | None
+    attend_len: int
+    mask: torch.Tensor | None
+    is_causal: bool
+
+
+def write_and_read_kv(
+    k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Store new k/v [B, kv, S, hd] at ``spec.positions`` and return the readable prefix.
+
+    Returns keys/values [B, kv, attend_len, hd] (views when the slot mapping allows it).
+    """
+    b, s = spec.positions.shape
+    n = spec.attend_len
+    slots = spec.slots
+    if isinstance(slots, int) or slots is None:
+        if isinstance(slots, int):
+            kb, vb = k_buf[slots : slots + 1], v_buf[slots : slots + 1]
+        else:
+            kb, vb = k_buf[:b], v_buf[:b]
+        rows = torch.arange(b, device=k.device)[:, None].expand(b, s)
+        kb[rows, :, spec.positions] = k.transpose(1, 2)
+        vb[rows, :, spec.positions] = v.transpose(1, 2)
+        return kb[:, :, :n], vb[:, :, :n]
+    rows = slots[:, None].expand(b, s)
+    k_buf[rows, :, spec.positions] = k.transpose(1, 2)
+    v_buf[rows, :, spec.positions] = v.transpose(1, 2)
+    return k_buf[slots, :, :n], v_buf[slots, :, :n]
+
+
+class Attention(nn.Module):
+    """GQA self-attention with per-head q/k RMSNorm before RoPE, no biases by default."""
+
+    def __init__(
+        self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool = False
+    ) -> None:
+        super().__init__()
+        self.heads, self.kv_heads, self.head_dim = heads, kv_heads, head_dim
+        self.scaling = head_dim**-0.5
+        self.q_proj = nn.Linear(hidden, heads * head_dim, bias=bias)
+        self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
+        self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.q_norm = RMSNorm(head_dim, eps)
+        self.k_norm = RMSNorm(head_dim, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        spec: AttentionSpec,
+    ) -> torch.Tensor:
+        b, s, _ = x.shape
+        q = self.q_norm(self.q_proj(x).view(b, s, -1, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(self.k_proj(x).view(b, s, -1, self.head_dim)).transpose(1, 2)
+        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        q = apply_rope(q, cos, sin)
+        k = apply_rope(k, cos, sin)
+        keys, values = write_and_read_kv(k_buf, v_buf, k, v, spec)
+        out = F.scaled_dot_product_attention(
+            q,
+            keys,
+            values,
+            attn_mask=spec.mask,
+            dropout_p=0.0,
+            is_causal=spec.is_causal,
+            scale=self.scaling,
+            enable_gqa=self.heads != self.kv_heads,
+        )
+        out = out.transpose(1, 2).reshape(b, s, -1)
+        return self.o_proj(out)
+
+
+class MLP(nn.Module):
+    """SiLU-gated MLP: ``down(silu(gate(x)) * up(x))``."""
+
+    def __init__(self, hidden: int, intermediate: int) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+
+
+class DecoderLayer(nn.Module):
+    """Pre-norm block: ``x += attn(norm(x)); x += mlp(norm(x))``."""
+
+    def __init__(
+        self,
+        hidden: int,
+        intermediate: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        attention_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps, attention_bias)
+        self.mlp = MLP(hidden, intermediate)
+        self.input_layernorm = RMSNorm(hidden, eps)
+        self.post_attention_layernorm = RMSNorm(hidden, eps)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_buf: torch.Tensor,
+        v_buf: torch.Tensor,
+        spec: AttentionSpec,
+    ) -> torch.Tensor:
+        x = x + self.self_attn(self.input_layernorm(x), cos, sin, k_buf, v_buf, spec)
+        return x + self.mlp(self.post_attention_layernorm(x))
+
+
+class DecoderStack(nn.Module):
+    """Layers + final norm; ``forward`` returns the final-norm hidden states."""
+
+    def __init__(
+        self,
+        num_layers: int,
+        hidden: int,
+        intermediate: int,
+        heads: int,
+        kv_heads: int,
+        head_dim: int,
+        eps: float,
+        rope_theta: float,
+        attention_bias: bool = False,
+    ) -> None:
+        super().__init__()
+        self.layers = nn.ModuleList(
+            DecoderLayer(hidden, intermediate, heads, kv_heads, head_dim, eps, attention_bias)
+            for _ in range(num_layers)
+        )
+        self.norm = RMSNorm(hidden, eps)
+        self.rotary_emb = RotaryEmbedding(head_dim, rope_theta)
+
+    def run_layers(
+        self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spec: AttentionSpec
+    ) -> torch.Tensor:
+        """x [B, S, H]; k/v_cache [layers, slots, kv, max_len, hd] -> final-norm hidden [B, S, H]."""
+        cos, sin = self.rotary_emb(spec.positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, k_cache[i], v_cache[i], spec)
+        return self.norm(x)

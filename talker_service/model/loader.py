@@ -1,0 +1,51 @@
+"""Loading a checkpoint's talker stage: config, text tokenizer and the Talker weights."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from tts_common.config import CheckpointConfig, load_checkpoint_config
+from tts_common.weights import load_module_weights
+
+from .prompt import SynthesisRequest, TalkerPrompt, build_prompt
+from .talker import KVCache, Talker
+from .tokenizer import TextTokenizer
+
+
+@dataclass
+class TalkerModel:
+    """Everything the talker stage needs from one checkpoint directory."""
+
+    config: CheckpointConfig
+    tokenizer: TextTokenizer
+    talker: Talker
+    device: torch.device
+    dtype: torch.dtype
+
+    @classmethod
+    def from_checkpoint(
+        cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
+    ) -> "TalkerModel":
+        """Load ``path`` strictly (float32 default like the official loader; bfloat16 selectable)."""
+        if dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ValueError(f"unsupported dtype {dtype}")
+        cfg = load_checkpoint_config(path)
+        tokenizer = TextTokenizer.from_checkpoint(cfg.path)
+        with torch.device("meta"):
+            talker = Talker(cfg.model.talker)
+        # Built on the meta device (no random init of ~1e9 parameters), then materialised.
+        talker = talker.to_empty(device=device).to(dtype)
+        load_module_weights(talker, cfg.weights_path, "talker.", dtype=dtype)
+        talker.eval().requires_grad_(False)
+        return cls(config=cfg, tokenizer=tokenizer, talker=talker, device=torch.device(device), dtype=dtype)
+
+    def build_prompt(self, request: SynthesisRequest) -> TalkerPrompt:
+        """Validate and build the talker inputs of ``request`` (InvalidRequestError on bad input)."""
+        return build_prompt(self.talker, self.tokenizer, self.config.model, request)
+
+    def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
+        """A talker KV cache for ``num_slots`` concurrent requests of ``max_len`` positions."""
+        return KVCache.allocate(self.config.model.talker, num_slots, max_len, self.device, self.dtype)

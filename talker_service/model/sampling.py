@@ -1,0 +1,220 @@
+"""Per-row logits processing and token choice with tensor parameters (no host syncs).
+
+Talker order (HF 4.57.3 as used by the official code, ARCHITECTURE.md §7):
+repetition penalty over the row's previously generated code0 ids -> min_new_tokens (EOS = -inf
+for the first 2 generated code0) -> suppress [vocab-1024, vocab) except EOS -> [sampling rows:
+temperature -> top-k -> top-p] -> greedy argmax or Gumbel-max draw. The code predictor only
+uses temperature/top-k/top-p (``subtalker_*``).
+
+Sampling uses the Gumbel-max trick, ``argmax(logits / T + g)`` with ``g = -log(E)``,
+``E ~ Exp(1)``: the same distribution as softmax + multinomial, but the randomness is an *input*
+tensor. :class:`RequestNoise` draws it per request from the request's own seeded
+``torch.Generator`` so a request's sampled codes are identical whether it runs alone or batched.
+
+Draw order per request (only the enabled stages draw):
+  prefill: one talker draw [talker_vocab] for code0 of frame 0;
+  each decode step: the code-predictor draws [G-1, cp_vocab] (codes 1..G-1 of the previous frame,
+  in codebook order) and then one talker draw [talker_vocab] for the next code0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+NEG_INF = float("-inf")
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """Per-request decoding parameters (defaults = official wrapper hard defaults)."""
+
+    do_sample: bool = True
+    temperature: float = 0.9
+    top_k: int = 50
+    top_p: float = 1.0
+    repetition_penalty: float = 1.05
+    subtalker_dosample: bool = True
+    subtalker_temperature: float = 0.9
+    subtalker_top_k: int = 50
+    subtalker_top_p: float = 1.0
+    seed: int | None = None
+    """Seed of the request's noise generator (sampling only); None = nondeterministic."""
+
+    def __post_init__(self) -> None:
+        for name in ("temperature", "subtalker_temperature"):
+            if not getattr(self, name) > 0:
+                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
+        for name in ("top_p", "subtalker_top_p"):
+            if not 0 < getattr(self, name) <= 1:
+                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
+        for name in ("top_k", "subtalker_top_k"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"{name} must be >= 0 (0 = disabled), got {getattr(self, name)}")
+        if not self.repetition_penalty > 0:
+            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
+
+    @classmethod
+    def greedy(cls, repetition_penalty: float = 1.05) -> "SamplingParams":
+        """Greedy talker and code predictor (the fixtures' setting)."""
+        return cls(do_sample=False, subtalker_dosample=False, repetition_penalty=repetition_penalty)
+
+    @classmethod
+    def from_defaults(cls, defaults: object, **overrides: object) -> "SamplingParams":
+        """From ``tts_common.config.GenerationDefaults`` (same field names), explicit args win."""
+        names = {f.name for f in fields(cls)}
+        kwargs = {n: getattr(defaults, n) for n in names if hasattr(defaults, n)}
+        kwargs.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(**kwargs)  # type: ignore[arg-type]
+
+
+@dataclass
+class SamplingTensors:
+    """Batched :class:`SamplingParams`, one entry per row (device tensors, shape [B])."""
+
+    do_sample: torch.Tensor
+    temperature: torch.Tensor
+    top_k: torch.Tensor
+    top_p: torch.Tensor
+    repetition_penalty: torch.Tensor
+    sub_do_sample: torch.Tensor
+    sub_temperature: torch.Tensor
+    sub_top_k: torch.Tensor
+    sub_top_p: torch.Tensor
+
+    @classmethod
+    def stack(cls, params: list[SamplingParams], device: torch.device | str) -> "SamplingTensors":
+        def t(vals: list, dtype: torch.dtype) -> torch.Tensor:
+            return torch.tensor(vals, dtype=dtype, device=device)
+
+        return cls(
+            do_sample=t([p.do_sample for p in params], torch.bool),
+            temperature=t([p.temperature for p in params], torch.float32),
+            top_k=t([p.top_k for p in params], torch.int64),
+            top_p=t([p.top_p for p in params], torch.float32),
+            repetition_penalty=t([p.repetition_penalty for p in params], torch.float32),
+            sub_do_sample=t([p.subtalker_dosample for p in params], torch.bool),
+            sub_temperature=t([p.subtalker_temperature for p in params], torch.float32),
+            sub_top_k=t([p.subtalker_top_k for p in params], torch.int64),
+            sub_top_p=t([p.subtalker_top_p for p in params], torch.float32),
+        )
+
+    def rows(self, index: torch.Tensor | slice) -> "SamplingTensors":
+        """A subset of rows (e.g. dropping finished requests)."""
+        return SamplingTensors(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
+
+
+def suppress_mask(vocab: int, eos_id: int, device: torch.device | str) -> torch.Tensor:
+    """bool [vocab]: ids [vocab-1024, vocab) except EOS (control/language/speaker ids)."""
+    mask = torch.zeros(vocab, dtype=torch.bool, device=device)
+    mask[max(vocab - 1024, 0) :] = True
+    mask[eos_id] = False
+    return mask
+
+
+def apply_talker_penalties(
+    logits: torch.Tensor,
+    presence: torch.Tensor,
+    num_generated: torch.Tensor,
+    repetition_penalty: torch.Tensor,
+    eos_id: int,
+    suppress: torch.Tensor,
+    min_new_tokens: int = 2,
+) -> torch.Tensor:
+    """The three processors greedy decoding also applies (fp32 logits [B, V]).
+
+    presence [B, V] bool: ids generated so far by the row; num_generated [B]: how many code0 the
+    row has generated before this one.
+    """
+    pen = repetition_penalty[:, None].to(logits.dtype)
+    penalized = torch.where(logits < 0, logits * pen, logits / pen)
+    logits = torch.where(presence, penalized, logits)
+    eos_block = (num_generated < min_new_tokens)[:, None] & (
+        torch.arange(logits.shape[-1], device=logits.device) == eos_id
+    )[None, :]
+    logits = logits.masked_fill(eos_block, NEG_INF)
+    return logits.masked_fill(suppress[None, :], NEG_INF)
+
+
+def warp_for_sampling(
+    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+) -> torch.Tensor:
+    """Temperature -> top-k (0 = off) -> top-p (1.0 = off), per row; static shapes."""
+    vocab = logits.shape[-1]
+    scores = logits / temperature[:, None].to(logits.dtype)
+    # top-k: keep scores >= the k-th largest (HF keeps ties with the k-th value).
+    k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
+    desc = torch.sort(scores, dim=-1, descending=True).values
+    kth = desc.gather(-1, (k - 1)[:, None])
+    scores = scores.masked_fill(scores < kth, NEG_INF)
+    # top-p: drop the low tail whose cumulative probability is <= 1 - top_p (keep >= 1 token).
+    asc, asc_idx = torch.sort(scores, dim=-1, descending=False)
+    cum = asc.softmax(dim=-1).cumsum(dim=-1)
+    drop_sorted = cum <= (1 - top_p)[:, None].to(cum.dtype)
+    drop_sorted[..., -1] = False
+    drop = torch.zeros_like(drop_sorted).scatter(-1, asc_idx, drop_sorted)
+    drop = drop & (top_p < 1.0)[:, None]
+    return scores.masked_fill(drop, NEG_INF)
+
+
+def choose_tokens(
+    logits: torch.Tensor,
+    do_sample: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """Greedy argmax for rows with ``do_sample`` False, Gumbel-max draw for the others.
+
+    ``noise`` [B, V] Gumbel noise (ignored on greedy rows); None = greedy for every row (a
+    static choice of the caller, e.g. a CUDA graph captured for an all-greedy batch).
+    """
+    greedy = logits.argmax(dim=-1)
+    if noise is None:
+        return greedy
+    sampled = (warp_for_sampling(logits, temperature, top_k, top_p) + noise).argmax(dim=-1)
+    return torch.where(do_sample, sampled, greedy)
+
+
+class RequestNoise:
+    """Per-request Gumbel noise stream (see the module docstring for the draw order)."""
+
+    def __init__(
+        self,
+        params: SamplingParams,
+        talker_vocab: int,
+        cp_vocab: int,
+        cp_steps: int,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        self.params = params
+        self.talker_vocab, self.cp_vocab, self.cp_steps = talker_vocab, cp_vocab, cp_steps
+        self.device = torch.device(device)
+        self.generator = torch.Generator(device=self.device)
+        if params.seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(int(params.seed))
+
+    def _gumbel(self, *shape: int) -> torch.Tensor:
+        e = torch.empty(shape, device=self.device, dtype=torch.float32).exponential_(generator=self.generator)
+        return -torch.log(e.clamp_min(torch.finfo(torch.float32).tiny))
+
+    def talker(self) -> torch.Tensor:
+        """[talker_vocab] noise for one code0 draw (zeros when the talker is greedy)."""
+        if not self.params.do_sample:
+            return torch.zeros(self.talker_vocab, device=self.device)
+        return self._gumbel(self.talker_vocab)
+
+    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Noise for one decode step in draw order: (code predictor [cp_steps, cp_vocab], talker [talker_vocab])."""
+        cp = self.code_predictor()
+        return cp, self.talker()
+
+    def code_predictor(self) -> torch.Tensor:
+        """[cp_steps, cp_vocab] noise for one frame's codes 1.. (zeros when greedy)."""
+        if not self.params.subtalker_dosample:
+            return torch.zeros(self.cp_steps, self.cp_vocab, device=self.device)
+        return self._gumbel(self.cp_steps, self.cp_vocab)

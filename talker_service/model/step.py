@@ -1,0 +1,247 @@
+"""Prefill of one request into a cache slot, and one whole decode step over a batch of rows.
+
+Frame bookkeeping (ARCHITECTURE.md §5): :func:`prefill` yields code0 of frame 0; each
+:func:`decode_step` completes the previous frame (codes 1..G-1 from the code predictor), feeds
+the frame's summed embedding (+ the row's trailing text row or tts_pad) to the talker and yields
+the next code0. So every decode step emits one complete frame (``StepOutput.frame_codes``); the
+row is finished when ``next_code0`` is EOS (that EOS frame is never completed or emitted).
+
+:func:`decode_step` is written for CUDA-graph capture: static shapes for fixed (B, attend_len,
+sampling on/off), no ``.item()``, no Python branching on tensor values, state updated in place.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+from .layers import AttentionSpec
+from .sampling import SamplingTensors, apply_talker_penalties, choose_tokens, suppress_mask
+from .talker import KVCache, Talker
+
+
+@dataclass
+class DecodeState:
+    """Per-row decode state, [B, ...] tensors on the model's device, updated in place.
+
+    * ``slots``: cache slot of each row (see :class:`~talker_service.model.layers.AttentionSpec`;
+      None = row b uses slot b).
+    * ``positions`` [B]: cache position the next talker input is written at (prompt length P
+      at the first decode step, then +1 per step).
+    * ``last_code0`` [B]: code0 of the frame the next step completes.
+    * ``past_hidden`` [B, H]: talker final-norm hidden state of the last position.
+    * ``presence`` [B, vocab] bool: code0 ids generated so far (repetition penalty).
+    * ``num_generated`` [B]: number of code0 generated so far (min_new_tokens).
+    * ``params``: per-row sampling parameters.
+    """
+
+    slots: torch.Tensor | None
+    positions: torch.Tensor
+    last_code0: torch.Tensor
+    past_hidden: torch.Tensor
+    presence: torch.Tensor
+    num_generated: torch.Tensor
+    params: SamplingTensors
+
+    @property
+    def batch_size(self) -> int:
+        return self.positions.shape[0]
+
+    @classmethod
+    def cat(cls, states: list["DecodeState"]) -> "DecodeState":
+        """Concatenate single/multi-row states (slots must all be tensors)."""
+        out: dict[str, object] = {}
+        for f in fields(cls):
+            vals = [getattr(s, f.name) for s in states]
+            if f.name == "params":
+                out[f.name] = SamplingTensors(
+                    **{g.name: torch.cat([getattr(v, g.name) for v in vals]) for g in fields(SamplingTensors)}
+                )
+            elif f.name == "slots":
+                if any(v is None for v in vals):
+                    raise ValueError("DecodeState.cat needs explicit slot tensors")
+                out[f.name] = torch.cat(vals)  # type: ignore[arg-type]
+            else:
+                out[f.name] = torch.cat(vals)
+        return cls(**out)  # type: ignore[arg-type]
+
+    def rows(self, index: torch.Tensor) -> "DecodeState":
+        """Subset of rows (copies), e.g. to drop finished requests."""
+        return DecodeState(
+            slots=None if self.slots is None else self.slots[index],
+            positions=self.positions[index],
+            last_code0=self.last_code0[index],
+            past_hidden=self.past_hidden[index],
+            presence=self.presence[index],
+            num_generated=self.num_generated[index],
+            params=self.params.rows(index),
+        )
+
+
+@dataclass
+class StepOutput:
+    """Result of one decode step for every row."""
+
+    frame_codes: torch.Tensor
+    """[B, G] int64: the completed frame (code0 = the previous ``last_code0``)."""
+    next_code0: torch.Tensor
+    """[B] int64: code0 of the next frame (EOS = the row is done after this frame)."""
+    is_eos: torch.Tensor
+    """[B] bool: ``next_code0 == codec_eos``."""
+
+
+def _suppress(talker: Talker, device: torch.device) -> torch.Tensor:
+    cache = talker.__dict__.setdefault("_suppress_cache", {})
+    key = str(device)
+    if key not in cache:
+        cache[key] = suppress_mask(talker.cfg.vocab_size, talker.cfg.codec_eos_token_id, device)
+    return cache[key]
+
+
+def choose_code0(
+    talker: Talker,
+    logits: torch.Tensor,
+    presence: torch.Tensor,
+    num_generated: torch.Tensor,
+    params: SamplingTensors,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """Talker processors (§7) + greedy/Gumbel choice: logits [B, V] fp32 -> code0 [B]."""
+    processed = apply_talker_penalties(
+        logits,
+        presence,
+        num_generated,
+        params.repetition_penalty,
+        talker.cfg.codec_eos_token_id,
+        _suppress(talker, logits.device),
+    )
+    return choose_tokens(processed, params.do_sample, params.temperature, params.top_k, params.top_p, noise)
+
+
+@torch.inference_mode()
+def prefill(
+    talker: Talker,
+    cache: KVCache,
+    slot: int,
+    prefill_embeds: torch.Tensor,
+    params: SamplingTensors,
+    noise: torch.Tensor | None = None,
+) -> DecodeState:
+    """Run one request's prompt [P, H] into cache ``slot`` and pick code0 of frame 0.
+
+    ``params``: one-row sampling tensors; ``noise`` [V] Gumbel noise (sampling) or None.
+    Returns the one-row decode state (slots = [slot], positions = [P]).
+    """
+    p, _ = prefill_embeds.shape
+    if p > cache.max_len:
+        raise ValueError(f"prompt of {p} positions exceeds the cache length {cache.max_len}")
+    device = prefill_embeds.device
+    positions = torch.arange(p, device=device)[None, :]
+    hidden = talker(prefill_embeds[None], positions, cache, slot, attend_len=p, prefill=True)
+    past_hidden = hidden[:, -1]
+    logits = talker.logits(past_hidden)
+    presence = torch.zeros(1, talker.cfg.vocab_size, dtype=torch.bool, device=device)
+    num_generated = torch.zeros(1, dtype=torch.int64, device=device)
+    code0 = choose_code0(talker, logits, presence, num_generated, params, None if noise is None else noise[None])
+    presence.scatter_(1, code0[:, None], True)
+    return DecodeState(
+        slots=torch.tensor([slot], device=device),
+        positions=torch.full((1,), p, dtype=torch.int64, device=device),
+        last_code0=code0,
+        past_hidden=past_hidden,
+        presence=presence,
+        num_generated=num_generated + 1,
+        params=params,
+    )
+
+
+def predict_residual_codes(
+    talker: Talker,
+    past_hidden: torch.Tensor,
+    code0: torch.Tensor,
+    params: SamplingTensors,
+    noise: torch.Tensor | None,
+) -> torch.Tensor:
+    """Codes 1..G-1 of a frame with the code predictor (§6): [B, H], [B] -> [B, G-1].
+
+    A fresh static cache per call: prefill of ``[past_hidden, C(code0)]`` at positions 0, 1,
+    then G-2 single steps; each step attends to exactly the written prefix (no mask).
+    ``noise`` [B, G-1, cp_vocab] or None (all greedy).
+    """
+    cp = talker.code_predictor
+    b = past_hidden.shape[0]
+    groups = cp.num_groups
+    device = past_hidden.device
+    k_cache, v_cache = cp.new_cache(b, device, past_hidden.dtype)
+    sp = params
+
+    x = torch.stack([past_hidden, talker.codec_embed(code0)], dim=1)
+    x = cp.small_to_mtp_projection(x)
+    spec = AttentionSpec(
+        positions=torch.arange(2, device=device)[None, :].expand(b, 2),
+        slots=None,
+        attend_len=2,
+        mask=None,
+        is_causal=True,
+    )
+    h = cp.model.run_layers(x, k_cache, v_cache, spec)
+    codes: list[torch.Tensor] = []
+    for step in range(groups - 1):
+        if step > 0:
+            x = cp.small_to_mtp_projection(cp.model.codec_embedding[step - 1](codes[-1])[:, None])
+            spec = AttentionSpec(
+                positions=torch.full((b, 1), step + 1, dtype=torch.int64, device=device),
+                slots=None,
+                attend_len=step + 2,
+                mask=None,
+                is_causal=False,
+            )
+            h = cp.model.run_layers(x, k_cache, v_cache, spec)
+        logits = cp.lm_head[step](h[:, -1]).to(torch.float32)
+        codes.append(
+            choose_tokens(
+                logits,
+                sp.sub_do_sample,
+                sp.sub_temperature,
+                sp.sub_top_k,
+                sp.sub_top_p,
+                None if noise is None else noise[:, step],
+            )
+        )
+    return torch.stack(codes, dim=1)
+
+
+def decode_step(
+    talker: Talker,
+    cache: KVCache,
+    state: DecodeState,
+    trailing_rows: torch.Tensor,
+    attend_len: int,
+    talker_noise: torch.Tensor | None = None,
+    cp_noise: torch.Tensor | None = None,
+) -> StepOutput:
+    """One whole decode step for every row of ``state`` (updated in place).
+
+    trailing_rows [B, H]: the row's next trailing text embedding, or tts_pad once exhausted.
+    attend_len (static int): > every row's ``positions`` (use a bucket for CUDA graphs; the
+    exact ``max(positions)+1`` reproduces the reference bit for bit at batch 1).
+    talker_noise [B, V] / cp_noise [B, G-1, cp_vocab]: Gumbel noise (zeros on greedy rows), or
+    None when no row samples at that stage (a static choice).
+    """
+    with torch.inference_mode():
+        residual = predict_residual_codes(talker, state.past_hidden, state.last_code0, state.params, cp_noise)
+        frame = torch.cat([state.last_code0[:, None], residual], dim=1)
+        x = talker.frame_embed(frame) + trailing_rows
+        hidden = talker(x[:, None], state.positions[:, None], cache, state.slots, attend_len)
+        past_hidden = hidden[:, -1]
+        logits = talker.logits(past_hidden)
+        code0 = choose_code0(talker, logits, state.presence, state.num_generated, state.params, talker_noise)
+        state.presence.scatter_(1, code0[:, None], True)
+        state.num_generated.add_(1)
+        state.positions.add_(1)
+        state.last_code0.copy_(code0)
+        state.past_hidden.copy_(past_hidden)
+        return StepOutput(
+            frame_codes=frame, next_code0=code0, is_eos=code0 == talker.cfg.codec_eos_token_id
+        )

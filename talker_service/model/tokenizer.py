@@ -1,0 +1,132 @@
+"""Qwen2 byte-level BPE text tokenizer built from a checkpoint's slow-tokenizer files.
+
+The official package loads ``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json`` through
+``Qwen2TokenizerFast``; we build the equivalent ``tokenizers.Tokenizer`` directly (no
+``transformers`` import): NFC normaliser, Qwen2 split regex (isolated) followed by ByteLevel
+without its own regex, BPE without unk/prefix/suffix, ByteLevel decoder, and the added tokens of
+``added_tokens_decoder``. The split regex is Qwen2's (ARCHITECTURE.md §1: the fixtures and hub-id
+loading use it, not the "Mistral regex" patch).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
+
+QWEN2_SPLIT_REGEX = (
+    r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+    r"|\s*[\r\n]+|\s+(?!\S)|\s+"
+)
+
+
+class TokenizerError(ValueError):
+    """The checkpoint's tokenizer files are missing or inconsistent."""
+
+
+class TextTokenizer:
+    """Text -> token ids exactly as the official processor (with the Qwen2 split regex)."""
+
+    def __init__(self, tokenizer: Tokenizer, added: dict[str, int]) -> None:
+        self._tok = tokenizer
+        self._added = dict(added)
+
+    @classmethod
+    def from_checkpoint(cls, path: str | Path) -> "TextTokenizer":
+        """Build from ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` of ``path``."""
+        root = Path(path)
+        vocab_file, merges_file, cfg_file = root / "vocab.json", root / "merges.txt", root / "tokenizer_config.json"
+        for f in (vocab_file, merges_file):
+            if not f.is_file():
+                raise TokenizerError(f"missing tokenizer file: {f}")
+        with open(vocab_file, encoding="utf-8") as fh:
+            vocab: dict[str, int] = json.load(fh)
+        merges: list[tuple[str, str]] = []
+        with open(merges_file, encoding="utf-8") as fh:
+            for i, line in enumerate(fh):
+                line = line.rstrip("\n")
+                # The first line is the "#version" header; blank lines carry nothing.
+                if (i == 0 and line.startswith("#version")) or not line.strip():
+                    continue
+                a, _, b = line.partition(" ")
+                merges.append((a, b))
+        cfg: dict = {}
+        if cfg_file.is_file():
+            with open(cfg_file, encoding="utf-8") as fh:
+                cfg = json.load(fh)
+
+        tok = Tokenizer(
+            models.BPE(
+                vocab=vocab,
+                merges=merges,
+                dropout=None,
+                unk_token=None,
+                continuing_subword_prefix="",
+                end_of_word_suffix="",
+                fuse_unk=False,
+                byte_fallback=False,
+            )
+        )
+        tok.normalizer = normalizers.NFC()
+        tok.pre_tokenizer = pre_tokenizers.Sequence(
+            [
+                pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False),
+                pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
+            ]
+        )
+        tok.decoder = decoders.ByteLevel()
+
+        added: dict[str, int] = {}
+        entries = sorted(((int(k), v) for k, v in (cfg.get("added_tokens_decoder") or {}).items()))
+        for tid, spec in entries:
+            token = AddedToken(
+                spec["content"],
+                single_word=bool(spec.get("single_word", False)),
+                lstrip=bool(spec.get("lstrip", False)),
+                rstrip=bool(spec.get("rstrip", False)),
+                normalized=bool(spec.get("normalized", not spec.get("special", False))),
+                special=bool(spec.get("special", False)),
+            )
+            if token.special:
+                tok.add_special_tokens([token])
+            else:
+                tok.add_tokens([token])
+            got = tok.token_to_id(spec["content"])
+            if got != tid:
+                raise TokenizerError(
+                    f"{cfg_file}: added token {spec['content']!r} got id {got}, config says {tid} "
+                    "(added tokens must follow the vocabulary contiguously)"
+                )
+            added[spec["content"]] = tid
+        return cls(tok, added)
+
+    def encode(self, text: str) -> list[int]:
+        """Token ids of ``text`` (no BOS/EOS added; special-token strings map to their ids)."""
+        return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
+        """Inverse of :meth:`encode` (for logs and debugging)."""
+        return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
+
+    def token_id(self, content: str) -> int:
+        """Id of an added/special token (e.g. ``"<|im_start|>"``); KeyError if unknown."""
+        tid = self._added.get(content)
+        if tid is None:
+            tid = self._tok.token_to_id(content)
+        if tid is None:
+            raise KeyError(content)
+        return tid
+
+    # Chat-template wrappers used by the official prompt builder (ARCHITECTURE.md §4).
+    def synthesis_ids(self, text: str) -> list[int]:
+        """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``."""
+        return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+
+    def instruct_ids(self, instruct: str) -> list[int]:
+        """``<|im_start|>user\\n{instruct}<|im_end|>\\n``."""
+        return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
+
+    def ref_ids(self, ref_text: str) -> list[int]:
+        """``<|im_start|>assistant\\n{ref_text}<|im_end|>\\n`` (ICL reference transcript)."""
+        return self.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")

@@ -1,0 +1,68 @@
+"""Exception types shared by every stage, each tied to the gRPC status code it is reported as.
+
+Raise these from request handling code (validation, lookups, admission control);
+``tts_common.serving.grpc_status_for`` / ``abort_for_exception`` turn them into gRPC statuses, so
+a client sees INVALID_ARGUMENT for a bad request instead of a generic INTERNAL error. This module
+deliberately does not import grpc: model and validation code can raise these without depending on
+the serving stack. The status is named by its ``grpc.StatusCode`` member name.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+
+class TTSError(Exception):
+    """Base class of the project's request errors. Reported as ``grpc_status`` (INTERNAL here)."""
+
+    grpc_status: ClassVar[str] = "INTERNAL"
+
+
+class InvalidRequestError(TTSError, ValueError):
+    """The request is malformed or asks for something the loaded model cannot do (unknown
+    language or speaker, instruct on a model that ignores it, empty text, bad audio, ...)."""
+
+    grpc_status: ClassVar[str] = "INVALID_ARGUMENT"
+
+
+class NotFoundError(TTSError, LookupError):
+    """A referenced entity does not exist (e.g. an unknown registered ``voice_id``)."""
+
+    grpc_status: ClassVar[str] = "NOT_FOUND"
+
+
+class AlreadyExistsError(TTSError):
+    """An entity with the requested id already exists."""
+
+    grpc_status: ClassVar[str] = "ALREADY_EXISTS"
+
+
+class CapacityError(TTSError):
+    """The stage is at capacity (queue full, out of cache memory); the client may retry later."""
+
+    grpc_status: ClassVar[str] = "RESOURCE_EXHAUSTED"
+
+
+class UnavailableError(TTSError):
+    """The stage cannot serve right now (model not loaded yet, shutting down, a downstream stage
+    unreachable); retrying, possibly elsewhere, is appropriate."""
+
+    grpc_status: ClassVar[str] = "UNAVAILABLE"
+
+
+class FailedPreconditionError(TTSError):
+    """The system is not in a state that allows the operation (e.g. a protocol violation inside
+    a bidi stream: chunks before the start message)."""
+
+    grpc_status: ClassVar[str] = "FAILED_PRECONDITION"
+
+
+__all__ = [
+    "AlreadyExistsError",
+    "CapacityError",
+    "FailedPreconditionError",
+    "InvalidRequestError",
+    "NotFoundError",
+    "TTSError",
+    "UnavailableError",
+]

@@ -1,0 +1,90 @@
+"""Process-wide logging setup with the current request id in every record.
+
+The request id lives in a :class:`contextvars.ContextVar`. grpc.aio runs each RPC in its own
+task, and tasks copy the context they are created in, so setting the id at the top of a handler
+tags every log line of that request (including lines from helpers and libraries) without passing
+it around, and never leaks into concurrent requests::
+
+    with request_context(request.request_id):
+        logger.info("prefill done")        # ... INFO talker my.module [req=abc123] prefill done
+
+Work handed to threads keeps the id when started with ``asyncio.to_thread`` or
+``contextvars.copy_context().run`` (plain ``threading.Thread`` does not copy the context).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import logging
+import sys
+from collections.abc import Iterator
+from typing import TextIO
+
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
+    "qwen3tts_request_id", default=None
+)
+
+LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(stage)s%(name)s%(request_tag)s %(message)s"
+DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
+
+
+def current_request_id() -> str | None:
+    """The request id of the running context, or None outside a request."""
+    return REQUEST_ID.get()
+
+
+@contextlib.contextmanager
+def request_context(request_id: str | None) -> Iterator[None]:
+    """Tag log records emitted inside the block with ``request_id`` (restored afterwards)."""
+    token = REQUEST_ID.set(request_id or None)
+    try:
+        yield
+    finally:
+        REQUEST_ID.reset(token)
+
+
+class RequestContextFilter(logging.Filter):
+    """Adds ``request_id`` ("-" if none), ``request_tag`` (" [req=ID]" or "") and ``stage``
+    ("NAME " or "") attributes to each record; installed on handlers, so it sees records of
+    every logger."""
+
+    def __init__(self, stage: str | None = None) -> None:
+        super().__init__()
+        self._stage = f"{stage} " if stage else ""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        request_id = REQUEST_ID.get()
+        record.request_id = request_id or "-"
+        record.request_tag = f" [req={request_id}]" if request_id else ""
+        record.stage = self._stage
+        return True
+
+
+_HANDLER_MARK = "_qwen3tts_handler"
+
+
+def setup_logging(
+    level: int | str = "INFO", *, stage: str | None = None, stream: TextIO | None = None
+) -> logging.Handler:
+    """Configure the root logger: one stream handler (stderr by default) with the project
+    format and request-id tagging. Idempotent: calling it again replaces the handler it installed
+    earlier (other handlers, e.g. pytest's capture, are left alone). Returns the handler."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        if getattr(handler, _HANDLER_MARK, False):
+            root.removeHandler(handler)
+            handler.close()
+    handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
+    setattr(handler, _HANDLER_MARK, True)
+    handler.setFormatter(logging.Formatter(LOG_FORMAT, DATE_FORMAT))
+    handler.addFilter(RequestContextFilter(stage))
+    root.addHandler(handler)
+    root.setLevel(level.upper() if isinstance(level, str) else level)
+    return handler
+
+
+__all__ = [
+    "DATE_FORMAT", "LOG_FORMAT", "REQUEST_ID", "RequestContextFilter", "current_request_id",
+    "request_context", "setup_logging",
+]
