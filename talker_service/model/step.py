@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from .layers import AttentionSpec
-from .sampling import SamplingTensors, apply_talker_penalties, choose_tokens, suppress_mask
+from .sampling import SamplingTensors, apply_talker_penalties, choose_tokens
 from .talker import KVCache, Talker
 
 
@@ -91,14 +91,6 @@ class StepOutput:
     """[B] bool: ``next_code0 == codec_eos``."""
 
 
-def _suppress(talker: Talker, device: torch.device) -> torch.Tensor:
-    cache = talker.__dict__.setdefault("_suppress_cache", {})
-    key = str(device)
-    if key not in cache:
-        cache[key] = suppress_mask(talker.cfg.vocab_size, talker.cfg.codec_eos_token_id, device)
-    return cache[key]
-
-
 def choose_code0(
     talker: Talker,
     logits: torch.Tensor,
@@ -114,7 +106,7 @@ def choose_code0(
         num_generated,
         params.repetition_penalty,
         talker.cfg.codec_eos_token_id,
-        _suppress(talker, logits.device),
+        talker.suppress_mask(logits.device),
     )
     return choose_tokens(processed, params.do_sample, params.temperature, params.top_k, params.top_p, noise)
 

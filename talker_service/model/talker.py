@@ -21,6 +21,7 @@ from tts_common.config import TalkerConfig
 
 from .code_predictor import CodePredictor
 from .layers import AttentionSpec, DecoderStack
+from .sampling import suppress_mask
 
 
 @dataclass
@@ -99,6 +100,16 @@ class Talker(nn.Module):
         self.text_projection = TextProjection(cfg.text_hidden_size, cfg.hidden_size)
         self.codec_head = nn.Linear(cfg.hidden_size, cfg.vocab_size, bias=False)
         self.code_predictor = CodePredictor(cfg.code_predictor, cfg.hidden_size)
+        # Lazily built per device (not a buffer: meta-device construction would leave it garbage).
+        self._suppress: dict[torch.device, torch.Tensor] = {}
+
+    def suppress_mask(self, device: torch.device) -> torch.Tensor:
+        """bool [vocab]: code0 ids never generated ([vocab-1024, vocab) except EOS, §7)."""
+        mask = self._suppress.get(device)
+        if mask is None:
+            mask = suppress_mask(self.cfg.vocab_size, self.cfg.codec_eos_token_id, device)
+            self._suppress[device] = mask
+        return mask
 
     # --- embeddings (ARCHITECTURE.md §4 notation) ---------------------------------------------
     def text_embed(self, ids: torch.Tensor) -> torch.Tensor:
@@ -140,6 +151,8 @@ class Talker(nn.Module):
         Returns the final-norm hidden states [B, S, H] (``past_hidden`` source).
         """
         if prefill:
+            if positions.shape[0] != 1 or attend_len != positions.shape[1]:
+                raise ValueError("prefill=True needs one row at positions 0..S-1 and attend_len == S")
             mask = None
         else:
             key_pos = torch.arange(attend_len, device=positions.device)

@@ -1,0 +1,107 @@
+"""API-key authentication of the public port (a grpc.aio server interceptor).
+
+A call must carry ``authorization: Bearer KEY`` or ``x-api-key: KEY`` metadata. Missing key:
+UNAUTHENTICATED; a key not in the configured set: PERMISSION_DENIED. Health and reflection stay
+open (load balancers and grpcurl ``list`` need no key). Keys are compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hmac
+import logging
+from collections.abc import Awaitable, Callable, Iterable, Sequence
+from typing import Any
+
+import grpc
+
+from tts_common import metrics
+from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME
+
+logger = logging.getLogger(__name__)
+
+OPEN_METHOD_PREFIXES: tuple[str, ...] = (
+    f"/{HEALTH_SERVICE_NAME}/",
+    f"/{REFLECTION_SERVICE_NAME}/",
+    "/grpc.reflection.v1.ServerReflection/",
+)
+"""Methods callable without a key."""
+
+
+def _text(value: str | bytes) -> str:
+    return value if isinstance(value, str) else value.decode("utf-8", "replace")
+
+
+def extract_api_key(metadata: Iterable[tuple[str, str | bytes]] | None) -> str | None:
+    """The key presented in call metadata (``authorization: Bearer`` first), or None."""
+    bearer = api_key = None
+    for key, value in metadata or ():
+        name = key.lower()
+        if name == "authorization":
+            scheme, _, token = _text(value).strip().partition(" ")
+            if scheme.lower() == "bearer" and token.strip():
+                bearer = token.strip()
+        elif name == "x-api-key" and _text(value).strip():
+            api_key = _text(value).strip()
+    return bearer or api_key
+
+
+class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+    """Rejects calls without a valid API key (see the module doc)."""
+
+    def __init__(self, keys: Iterable[str], *, stage: str = "gateway",
+                 open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES) -> None:
+        self._keys = tuple(k.encode("utf-8") for k in keys if k)
+        if not self._keys:
+            raise ValueError("ApiKeyInterceptor needs at least one key")
+        self._open = tuple(open_prefixes)
+        self._stage = stage
+
+    def is_valid(self, key: str) -> bool:
+        """Whether ``key`` is one of the configured keys (constant time per key)."""
+        candidate = key.encode("utf-8")
+        valid = False
+        for known in self._keys:
+            valid |= hmac.compare_digest(candidate, known)
+        return valid
+
+    async def intercept_service(
+        self,
+        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
+        handler_call_details: grpc.HandlerCallDetails,
+    ) -> grpc.RpcMethodHandler:
+        handler = await continuation(handler_call_details)
+        method = handler_call_details.method
+        if handler is None or method.startswith(self._open):
+            return handler
+        key = extract_api_key(handler_call_details.invocation_metadata)
+        if key is None:
+            code, details = (grpc.StatusCode.UNAUTHENTICATED,
+                             "missing API key: send 'authorization: Bearer KEY' or "
+                             "'x-api-key: KEY' metadata")
+        elif not self.is_valid(key):
+            code, details = grpc.StatusCode.PERMISSION_DENIED, "invalid API key"
+        else:
+            return handler
+        logger.info("rejected %s: %s", method, code.name)
+        metrics.REQUESTS.labels(stage=self._stage, status=code.name).inc()
+        return _aborting_handler(handler, code, details)
+
+
+def _aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+                      details: str) -> grpc.RpcMethodHandler:
+    """A handler of the same RPC type as ``handler`` that fails every call with ``code``."""
+
+    async def abort(_request: Any, context: grpc.aio.ServicerContext) -> None:
+        await context.abort(code, details)
+
+    factory = {
+        (False, False): grpc.unary_unary_rpc_method_handler,
+        (False, True): grpc.unary_stream_rpc_method_handler,
+        (True, False): grpc.stream_unary_rpc_method_handler,
+        (True, True): grpc.stream_stream_rpc_method_handler,
+    }[(handler.request_streaming, handler.response_streaming)]
+    return factory(abort, request_deserializer=handler.request_deserializer,
+                   response_serializer=handler.response_serializer)
+
+
+__all__ = ["ApiKeyInterceptor", "OPEN_METHOD_PREFIXES", "extract_api_key"]

@@ -1,0 +1,203 @@
+"""The ``qwen3-tts`` command.
+
+  synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
+  make-dev-model  write a small random checkpoint in the official layout
+  up              run the four stage processes locally (dev checkpoint when no --model)
+  say             call Synthesize on a running gateway and write a WAV file
+  health          exit 0 iff a server's gRPC health status is SERVING (container probes)
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+
+def _add_synthesize(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("synthesize", help="offline synthesis (reference pipeline)")
+    p.add_argument("--model", required=True, help="checkpoint directory (official layout)")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--text")
+    src.add_argument("--requests", type=Path, help="JSONL file, one request per line (fixture format)")
+    p.add_argument("--speaker")
+    p.add_argument("--language", default="auto")
+    p.add_argument("--instruct")
+    p.add_argument("--ref-audio", type=Path)
+    p.add_argument("--ref-text")
+    p.add_argument("--x-vector-only", action="store_true")
+    feed = p.add_mutually_exclusive_group()
+    feed.add_argument("--non-streaming-text", dest="non_streaming_text", action="store_const", const=True)
+    feed.add_argument("--streaming-text", dest="non_streaming_text", action="store_const", const=False)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--greedy", action="store_true", help="greedy talker and code predictor")
+    mode.add_argument("--seed", type=int, help="sampling seed (checkpoint sampling defaults)")
+    p.add_argument("--max-new-tokens", type=int, help="official meaning: M gives at most M-1 frames")
+    p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument("--out", type=Path, help="output WAV (with --text)")
+    p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text)")
+    p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
+    p.set_defaults(func=cmd_synthesize)
+
+
+def cmd_synthesize(args: argparse.Namespace) -> int:
+    import numpy as np
+    import soundfile as sf
+    import torch
+
+    from talker_service.model.sampling import SamplingParams
+
+    from .offline import OfflineRequest, OfflineSynthesizer, read_requests
+
+    if args.requests is not None:
+        if args.out_dir is None:
+            raise ValueError("--requests needs --out-dir")
+        requests = read_requests(args.requests)
+    else:
+        if args.out is None:
+            raise ValueError("--text needs --out")
+        requests = [
+            OfflineRequest(
+                id="out", text=args.text, language=args.language, speaker=args.speaker, instruct=args.instruct,
+                non_streaming_text=args.non_streaming_text, ref_audio=args.ref_audio, ref_text=args.ref_text,
+                x_vector_only=args.x_vector_only,
+            )
+        ]
+    if args.max_new_tokens is not None and args.max_new_tokens < 1:
+        raise ValueError("--max-new-tokens must be >= 1")
+    if args.ref_text and args.ref_audio is None and args.requests is None:
+        raise ValueError("--ref-text needs --ref-audio")
+    synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
+    if args.greedy:
+        params = SamplingParams.from_defaults(synth.talker.config.generation, do_sample=False, subtalker_dosample=False)
+    else:
+        params = SamplingParams.from_defaults(synth.talker.config.generation, seed=args.seed)
+    results = synth.synthesize(requests, params, args.max_new_tokens)
+    if args.requests is not None:
+        args.out_dir.mkdir(parents=True, exist_ok=True)
+        for req, res in zip(requests, results):
+            sf.write(args.out_dir / f"{req.id}.wav", res.wav, synth.sample_rate, subtype="FLOAT")
+            np.save(args.out_dir / f"{req.id}.codes.npy", res.codes)
+            print(f"{req.id}: {res.codes.shape[0]} frames, {len(res.wav) / synth.sample_rate:.2f} s")
+    else:
+        res = results[0]
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        sf.write(args.out, res.wav, synth.sample_rate, subtype="FLOAT")
+        if args.codes_out is not None:
+            np.save(args.codes_out, res.codes)
+        print(f"{args.out}: {res.codes.shape[0]} frames, {len(res.wav) / synth.sample_rate:.2f} s")
+    return 0
+
+
+def _add_make_dev_model(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("make-dev-model", help="write a small random checkpoint in the official layout")
+    p.add_argument("path", type=Path)
+    p.add_argument("--type", default="custom_voice", choices=["custom_voice", "base", "voice_design"])
+    p.add_argument("--seed", type=int, default=1234)
+    p.add_argument("--if-missing", action="store_true", help="keep an existing checkpoint at PATH")
+    p.set_defaults(func=cmd_make_dev_model)
+
+
+def cmd_make_dev_model(args: argparse.Namespace) -> int:
+    from .dev_model import make_dev_model
+
+    path = make_dev_model(args.path, args.type, args.seed, if_missing=args.if_missing)
+    print(f"dev checkpoint ({args.type}) at {path}")
+    return 0
+
+
+def _add_up(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: the dev checkpoint)")
+    p.add_argument("--dev-model-dir", type=Path, default=Path(".dev-model"), help="where the dev checkpoint lives")
+    p.add_argument("--dev-model-type", default="base", choices=["custom_voice", "base", "voice_design"])
+    p.add_argument("--host", default="127.0.0.1", help="gateway bind address (stages always on loopback)")
+    p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
+    p.add_argument("--device", default=None)
+    p.add_argument("--metrics", action="store_true", help="expose /metrics on 9091..9094")
+    p.set_defaults(func=cmd_up)
+
+
+def cmd_up(args: argparse.Namespace) -> int:
+    from .local_stack import run_local_stack
+
+    return run_local_stack(args)
+
+
+def _add_say(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("say", help="synthesize through a running gateway into a WAV file")
+    p.add_argument("text")
+    p.add_argument("-o", "--out", type=Path, default=Path("out.wav"))
+    p.add_argument("--gateway", default="127.0.0.1:50051")
+    p.add_argument("--speaker")
+    p.add_argument("--language", default="auto")
+    p.add_argument("--instruct")
+    p.add_argument("--voice-id")
+    p.add_argument("--ref-audio", type=Path)
+    p.add_argument("--ref-text")
+    p.add_argument("--x-vector-only", action="store_true")
+    p.add_argument("--greedy", action="store_true")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--api-key")
+    p.add_argument("--timeout", type=float, default=300.0)
+    p.set_defaults(func=cmd_say)
+
+
+def cmd_say(args: argparse.Namespace) -> int:
+    from .client import say
+
+    return say(args)
+
+
+def _add_health(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("health", help="exit 0 iff the server reports SERVING")
+    p.add_argument("address", help="HOST:PORT")
+    p.add_argument("--service", default="", help="service name ('' = overall)")
+    p.add_argument("--timeout", type=float, default=3.0)
+    p.set_defaults(func=cmd_health)
+
+
+def cmd_health(args: argparse.Namespace) -> int:
+    import grpc
+    from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+    try:
+        with grpc.insecure_channel(args.address) as channel:
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
+            )
+    except grpc.RpcError as exc:
+        print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        return 1
+    status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
+    print(f"{args.address} {args.service or '(overall)'}: {status}")
+    return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="qwen3-tts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="command", required=True)
+    for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health):
+        add(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = build_parser().parse_args(argv)
+    from tts_common.errors import TTSError
+
+    try:
+        code = args.func(args)
+    except (TTSError, ValueError, FileNotFoundError) as exc:
+        print(f"qwen3-tts {args.command}: error: {exc}", file=sys.stderr)
+        code = 2
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

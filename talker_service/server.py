@@ -1,0 +1,278 @@
+"""The talker gRPC servicer: ``Generate`` streams codec frames from the continuous-batching engine.
+
+Protocol (``qwen3tts.internal.v1.Talker/Generate``, bidirectional): the client's first message is
+a ``TalkerRequest``; it may later send ``Cancel`` (or simply cancel the call). The server answers
+with ``CodecChunk`` messages as frames are produced (``frames_per_chunk`` frames each, default 1)
+and one final ``TalkerDone``. Invalid requests fail with INVALID_ARGUMENT before any chunk; a
+full queue with RESOURCE_EXHAUSTED.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+
+import grpc
+import numpy as np
+import torch
+
+from tts_common import metrics
+from tts_common.codes import codes_from_proto, codes_to_proto
+from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
+from tts_common.logging_setup import request_context
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.serving import handle_rpc_errors, resolve_request_id
+from tts_common.stage_main import env_default
+
+from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from .model.loader import TalkerModel
+from .model.prompt import SynthesisRequest
+from .model.sampling import SamplingParams
+
+logger = logging.getLogger(__name__)
+
+FINISH_REASONS = {
+    FinishReason.EOS: tts_pb2.FINISH_REASON_EOS,
+    FinishReason.LENGTH: tts_pb2.FINISH_REASON_LENGTH,
+    FinishReason.CANCELLED: tts_pb2.FINISH_REASON_CANCELLED,
+    FinishReason.ERROR: tts_pb2.FINISH_REASON_ERROR,
+}
+MAX_FRAMES_PER_CHUNK = 64
+
+
+def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
+    """What the loaded checkpoint offers (speakers, languages, instruct, defaults)."""
+    cfg = model.config.model
+    talker = cfg.talker
+    st = model.config.speech_tokenizer
+    gen = model.config.generation
+    speakers = [
+        tts_pb2.PresetSpeaker(name=name, dialect=dialect if isinstance(dialect := talker.spk_is_dialect.get(name), str) else "")
+        for name in sorted(talker.spk_id)
+    ]
+    languages = ["auto"] + sorted(k for k in talker.codec_language_id if "dialect" not in k)
+    return tts_pb2.ModelInfo(
+        model_type=cfg.tts_model_type or "",
+        model_size=cfg.tts_model_size or "",
+        model_name=model.config.path.name,
+        sample_rate=st.output_sample_rate,
+        frame_rate=st.output_sample_rate / st.decode_upsample_rate,
+        num_codebooks=talker.code_predictor.num_code_groups,
+        speakers=speakers,
+        languages=languages,
+        instruct_supported=cfg.instruct_supported,
+        voice_clone_supported=cfg.tts_model_type == "base",
+        default_sampling=tts_pb2.SamplingOptions(
+            do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
+            repetition_penalty=gen.repetition_penalty, subtalker_do_sample=gen.subtalker_dosample,
+            subtalker_temperature=gen.subtalker_temperature, subtalker_top_k=gen.subtalker_top_k,
+            subtalker_top_p=gen.subtalker_top_p, max_new_tokens=gen.max_new_tokens,
+        ),
+        max_new_tokens_limit=0,
+        dtype=str(model.dtype).removeprefix("torch."),
+    )
+
+
+def sampling_from_proto(options: tts_pb2.SamplingOptions, model: TalkerModel) -> SamplingParams:
+    """Checkpoint defaults overridden by the fields the client set."""
+    fields = {
+        "do_sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
+        "repetition_penalty": "repetition_penalty", "subtalker_do_sample": "subtalker_dosample",
+        "subtalker_temperature": "subtalker_temperature", "subtalker_top_k": "subtalker_top_k",
+        "subtalker_top_p": "subtalker_top_p", "seed": "seed",
+    }
+    overrides = {ours: getattr(options, theirs) for theirs, ours in fields.items() if options.HasField(theirs)}
+    try:
+        return SamplingParams.from_defaults(model.config.generation, **overrides)
+    except ValueError as exc:
+        raise InvalidRequestError(f"sampling: {exc}") from exc
+
+
+def synthesis_request_from_proto(msg: stages_pb2.TalkerRequest) -> SynthesisRequest:
+    """The model-level request of a ``TalkerRequest``."""
+    feeding = {
+        tts_pb2.TEXT_FEEDING_DEFAULT: None,
+        tts_pb2.TEXT_FEEDING_NON_STREAMING: True,
+        tts_pb2.TEXT_FEEDING_STREAMING: False,
+    }
+    if msg.text_feeding not in feeding:
+        raise InvalidRequestError(f"unknown text_feeding {msg.text_feeding}")
+    embedding = np.asarray(msg.speaker_embedding, dtype=np.float32) if len(msg.speaker_embedding) else None
+    ref_codes = codes_from_proto(msg.ref_codes) if msg.HasField("ref_codes") and msg.ref_codes.num_frames else None
+    return SynthesisRequest(
+        text=msg.text,
+        language=msg.language or "auto",
+        speaker=msg.speaker or None,
+        instruct=msg.instruct or None,
+        non_streaming_text=feeding[msg.text_feeding],
+        speaker_embedding=embedding,
+        ref_codes=ref_codes,
+        ref_text=msg.ref_text or None,
+    )
+
+
+class TalkerServicer(stages_pb2_grpc.TalkerServicer):
+    """Owns the loaded model and the engine; one ``Generate`` stream per utterance."""
+
+    def __init__(self, model_dir: str, engine_config: EngineConfig) -> None:
+        self.model_dir = model_dir
+        self.engine_config = engine_config
+        self.model: TalkerModel | None = None
+        self.engine: TalkerEngine | None = None
+        self.total_requests = 0
+
+    async def load(self) -> None:
+        """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
+        dtype = getattr(torch, self.engine_config.dtype)
+        self.model = await asyncio.to_thread(
+            TalkerModel.from_checkpoint, self.model_dir, self.engine_config.device, dtype
+        )
+        self.engine = TalkerEngine(self.model.talker, self.engine_config)
+        self.engine.on_step.append(lambda batch, seconds: metrics.TALKER_BATCH_SIZE.observe(batch))
+        self.engine.start()
+        logger.info(
+            "talker ready: %s (%s %s), %d slots x %d positions, %.1f MiB KV per slot",
+            self.model_dir, self.model.config.model.tts_model_type, self.model.config.model.tts_model_size,
+            self.engine_config.max_slots, self.engine_config.max_seq_len,
+            self.engine.runner.kv_bytes_per_slot / 2**20,
+        )
+
+    async def close(self) -> None:
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop)
+
+    def _require(self) -> tuple[TalkerModel, TalkerEngine]:
+        if self.model is None or self.engine is None:
+            raise UnavailableError("talker model is still loading")
+        return self.model, self.engine
+
+    @handle_rpc_errors(stage="talker")
+    async def Generate(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[stages_pb2.TalkerServerMessage]:
+        model, engine = self._require()
+        first = await anext(aiter(request_iterator), None)
+        if first is None or first.WhichOneof("message") != "request":
+            raise FailedPreconditionError("the first Generate message must be a TalkerRequest")
+        msg = first.request
+        request_id = resolve_request_id(msg.request_id, context)
+        with request_context(request_id):
+            self.total_requests += 1
+            chunk_frames = msg.frames_per_chunk or 1
+            if not 1 <= chunk_frames <= MAX_FRAMES_PER_CHUNK:
+                raise InvalidRequestError(f"frames_per_chunk must be in [1, {MAX_FRAMES_PER_CHUNK}], got {chunk_frames}")
+            sampling = sampling_from_proto(msg.sampling, model)
+            max_frames = None
+            if msg.sampling.HasField("max_new_tokens"):
+                if msg.sampling.max_new_tokens < 2:
+                    raise InvalidRequestError("max_new_tokens must be >= 2 (M gives at most M-1 frames)")
+                max_frames = msg.sampling.max_new_tokens - 1
+            prompt = await asyncio.to_thread(model.build_prompt, synthesis_request_from_proto(msg))
+            events = engine.generate(request_id, prompt, sampling, max_frames)
+            # Client-side Cancel messages (or the stream closing) cancel the engine request.
+            watcher = asyncio.create_task(self._watch_cancel(request_iterator, events))
+            pending: list[list[int]] = []
+            start_frame = 0
+            t0 = time.monotonic()
+            try:
+                async for event in events:
+                    if isinstance(event, FrameEvent):
+                        pending.append(event.codes)
+                        if len(pending) >= chunk_frames:
+                            yield self._chunk(start_frame, pending)
+                            start_frame += len(pending)
+                            pending = []
+                    elif isinstance(event, DoneEvent):
+                        if pending:
+                            yield self._chunk(start_frame, pending)
+                        if event.reason is FinishReason.ERROR and event.error is not None:
+                            raise event.error
+                        metrics.QUEUE_TIME.labels(stage="talker").observe(event.timing.queue_ms / 1000)
+                        yield stages_pb2.TalkerServerMessage(
+                            done=stages_pb2.TalkerDone(
+                                frames=event.frames,
+                                finish_reason=FINISH_REASONS[event.reason],
+                                queue_ms=event.timing.queue_ms,
+                                prefill_ms=event.timing.prefill_ms,
+                                first_frame_ms=event.timing.first_frame_ms,
+                                total_ms=(time.monotonic() - t0) * 1000,
+                                prompt_tokens=prompt.prefill_len,
+                            )
+                        )
+            finally:
+                watcher.cancel()
+                await events.aclose()
+
+    @staticmethod
+    def _chunk(start_frame: int, frames: list[list[int]]) -> stages_pb2.TalkerServerMessage:
+        return stages_pb2.TalkerServerMessage(
+            chunk=stages_pb2.CodecChunk(start_frame=start_frame, codes=codes_to_proto(frames))
+        )
+
+    @staticmethod
+    async def _watch_cancel(request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage], events) -> None:
+        try:
+            async for message in request_iterator:
+                if message.WhichOneof("message") == "cancel":
+                    break
+            else:
+                return  # half-close without Cancel: keep generating
+        except (asyncio.CancelledError, grpc.aio.AioRpcError):
+            return
+        await events.aclose()
+
+    @handle_rpc_errors(stage="talker")
+    async def GetStats(self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext) -> stages_pb2.StageStats:  # noqa: N802
+        ready = self.engine is not None
+        stats = self.engine.stats() if self.engine is not None else None
+        return stages_pb2.StageStats(
+            stage="talker",
+            running_requests=stats.running if stats else 0,
+            waiting_requests=stats.waiting if stats else 0,
+            max_batch_size=self.engine_config.max_slots,
+            total_requests=self.total_requests,
+            ready=ready,
+            device=self.engine_config.device,
+            dtype=self.engine_config.dtype,
+        )
+
+    @handle_rpc_errors(stage="talker")
+    async def GetModelInfo(self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> stages_pb2.TalkerInfo:  # noqa: N802
+        model, _ = self._require()
+        return stages_pb2.TalkerInfo(
+            model=model_info(model),
+            max_batch_size=self.engine_config.max_slots,
+            max_seq_len=self.engine_config.max_seq_len,
+            speaker_embedding_dim=model.config.model.talker.hidden_size,
+            device=self.engine_config.device,
+            dtype=self.engine_config.dtype,
+        )
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """Model and engine flags of the talker process (env ``QWEN3TTS_TALKER_*`` via serving)."""
+    def env(name: str, default: str) -> str:
+        return env_default("talker", name, default)
+
+    parser.add_argument("--model", default=env("MODEL", ""), help="checkpoint directory (env QWEN3TTS_MODEL)")
+    parser.add_argument("--device", default=env("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
+    parser.add_argument("--dtype", default=env("DTYPE", "float32"), choices=["float32", "bfloat16"])
+    parser.add_argument("--max-slots", type=int, default=int(env("MAX_SLOTS", "16")), help="concurrent requests")
+    parser.add_argument("--max-seq-len", type=int, default=int(env("MAX_SEQ_LEN", "2048")), help="KV positions per slot")
+    parser.add_argument("--max-waiting", type=int, default=int(env("MAX_WAITING", "64")), help="queued requests")
+    parser.add_argument("--no-cuda-graphs", action="store_true", default=env("NO_CUDA_GRAPHS", "") not in ("", "0"))
+
+
+def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
+    return EngineConfig(
+        max_slots=args.max_slots,
+        max_seq_len=args.max_seq_len,
+        max_waiting=args.max_waiting,
+        device=args.device,
+        dtype=args.dtype,
+        use_cuda_graphs=not args.no_cuda_graphs,
+    )
