@@ -198,7 +198,8 @@ def decode_reference(clone: tts_pb2.VoiceClone, limits: RequestLimits,
     return samples.shape[0] / NATIVE_SAMPLE_RATE
 
 
-def _sampling_defaults(info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
+def default_sampling(info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
+    """The model's sampling defaults with every field except the seed set."""
     out = tts_pb2.SamplingOptions()
     for name in SAMPLING_FIELDS:
         src = info.default_sampling if info.default_sampling.HasField(name) else BUILTIN_SAMPLING
@@ -250,7 +251,7 @@ def resolve_sampling(options: tts_pb2.SamplingOptions,
         if not 2 <= options.max_new_tokens <= limit:
             raise _fail(f"sampling.max_new_tokens must be in [2, {limit}] (M steps give at "
                         f"most M-1 frames), got {options.max_new_tokens}")
-    resolved = _sampling_defaults(info)
+    resolved = default_sampling(info)
     resolved.MergeFrom(options)  # set fields of `options` win (proto3 optional presence)
     if not resolved.HasField("seed"):
         resolved.seed = new_seed()
@@ -334,6 +335,7 @@ def validate_register(request: tts_pb2.RegisterVoiceRequest, info: tts_pb2.Model
 __all__ = [
     "ABSOLUTE_MAX_NEW_TOKENS", "BUILTIN_SAMPLING", "RequestLimits", "SynthesisPlan",
     "check_clone", "check_instruct", "check_text", "check_voice_kind", "decode_reference",
+    "default_sampling",
     "new_seed", "resolve_language", "resolve_output", "resolve_sampling", "resolve_streaming",
     "validate_register", "validate_synthesize",
 ]

@@ -82,6 +82,30 @@ _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
 }
 
 
+class _DerivedCache:
+    """A tensor derived from parameters/buffers, recomputed only when they change.
+
+    In-place updates (``load_state_dict``) bump a tensor's ``_version`` and ``.to()`` changes its
+    storage, so (data_ptr, _version) identifies the sources' contents. Not cached while autograd
+    is recording (the cached value must not carry a graph).
+    """
+
+    def __init__(self) -> None:
+        self._key: Any = None
+        self._value: Tensor | None = None
+
+    def get(self, sources: tuple[Tensor, ...], compute: Callable[[], Tensor]) -> Tensor:
+        if torch.is_grad_enabled():
+            return compute()
+        try:
+            key = tuple((t.data_ptr(), t._version, t.dtype, t.device) for t in sources)
+        except RuntimeError:  # inference tensors track no version
+            return compute()
+        if self._value is None or key != self._key:
+            self._value, self._key = compute(), key
+        return self._value
+
+
 class _Stateful(nn.Module):
     """A module that keeps streaming state; ``state_key`` is set to its module path."""
 
@@ -129,6 +153,10 @@ class CausalConv1d(_Stateful):
 class CausalConvTranspose1d(_Stateful):
     """ConvTranspose1d(k, stride s) whose last ``k - s`` outputs are trimmed (causal).
 
+    Computed as one matmul (every input frame times the [in, out*k] weight) followed by an
+    overlap-add: PyTorch's CPU transposed convolution falls back to a slow path for short inputs
+    (streaming chunks), and one formulation for both paths keeps their numerics alike.
+
     Streaming state: the pending overlap — the ``k - s`` output samples past the current end that
     the inputs seen so far already contribute to (without bias); the next step adds them to its
     first outputs. Kernels with ``k == s`` have no overlap and no state.
@@ -138,34 +166,52 @@ class CausalConvTranspose1d(_Stateful):
         super().__init__()
         self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
         self.stride = stride
+        self.kernel_size = kernel_size
         self.overlap = kernel_size - stride
+        self.segments = math.ceil(kernel_size / stride)
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         if self.overlap == 0:
             return {}
         return {self.state_key: ((self.conv.out_channels, self.overlap), None)}
 
+    def _full(self, x: Tensor) -> Tensor:
+        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]."""
+        b, c_in, n = x.shape
+        s, p, c_out = self.stride, self.segments, self.conv.out_channels
+        # a[b, m, o, j]: contribution of input frame m to output sample m*s + j
+        a = torch.matmul(x.transpose(1, 2), self.conv.weight.reshape(c_in, c_out * self.kernel_size))
+        a = a.view(b, n, c_out, self.kernel_size)
+        if p * s != self.kernel_size:
+            a = F.pad(a, (0, p * s - self.kernel_size))
+        a = a.view(b, n, c_out, p, s).permute(0, 2, 3, 1, 4)  # [B, out, p, n, s]
+        if p == 1:
+            return a[:, :, 0].reshape(b, c_out, n * s)
+        y = a.new_zeros((b, c_out, n + p - 1, s))
+        for i in range(p):
+            y[:, :, i : i + n] += a[:, :, i]
+        return y.view(b, c_out, (n + p - 1) * s)
+
+    def _bias(self, y: Tensor) -> Tensor:
+        return y if self.conv.bias is None else y + self.conv.bias[:, None]
+
     def forward(self, x: Tensor) -> Tensor:
-        y = self.conv(x)
-        return y[..., : y.shape[-1] - self.overlap] if self.overlap else y
+        return self._bias(self._full(x)[..., : x.shape[-1] * self.stride])
 
     def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
-        if self.overlap == 0:
-            return self.conv(x)  # each input maps to its own `stride` outputs
         n = x.shape[-1]
+        if self.overlap == 0:  # each input maps to its own `stride` outputs
+            return self._bias(self._full(x))
         if lengths is not None:
             # padded inputs must not leak into the pending overlap of their row
             x = x * _time_mask(lengths, n, x.dtype)
-        y = F.conv_transpose1d(x, self.conv.weight, None, stride=self.stride)  # [B, C, n*s + overlap]
-        pending = state[self.state_key]
-        y = torch.cat([y[..., : self.overlap] + pending, y[..., self.overlap :]], dim=-1)
-        new_state[self.state_key] = _gather_time(
-            y, None if lengths is None else lengths * self.stride, self.overlap
-        )
-        out = y[..., : n * self.stride]
-        if self.conv.bias is not None:
-            out = out + self.conv.bias[:, None]
-        return out
+        y = self._full(x)
+        y = torch.cat([y[..., : self.overlap] + state[self.state_key], y[..., self.overlap :]], dim=-1)
+        if lengths is None:
+            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap]
+        else:
+            new_state[self.state_key] = _gather_time(y, lengths * self.stride, self.overlap)
+        return self._bias(y[..., : n * self.stride])
 
 
 class SnakeBeta(nn.Module):
@@ -175,10 +221,14 @@ class SnakeBeta(nn.Module):
         super().__init__()
         self.alpha = nn.Parameter(torch.zeros(channels))
         self.beta = nn.Parameter(torch.zeros(channels))
+        self._cache = _DerivedCache()
+
+    def _coefficients(self) -> Tensor:
+        return torch.stack([torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9)])[:, None, :, None]
 
     def forward(self, x: Tensor) -> Tensor:
-        alpha = torch.exp(self.alpha)[None, :, None]
-        inv_beta = 1.0 / (torch.exp(self.beta)[None, :, None] + 1e-9)
+        # tiny per-channel ops cost a thread-pool round trip each: computed once per weight load
+        alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
         if torch.is_grad_enabled():
             return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
         # same values (products and sums commute exactly), two fewer full-size temporaries
@@ -269,24 +319,14 @@ class EuclideanCodebook(nn.Module):
         super().__init__()
         self.register_buffer("cluster_usage", torch.ones(codebook_size))
         self.register_buffer("embedding_sum", torch.zeros(codebook_size, dim))
-        self._cache: tuple[Any, Tensor] | None = None
+        self._cache = _DerivedCache()
 
     def table(self) -> Tensor:
-        """The [codebook_size, dim] embedding table, cached until the buffers change."""
-        try:  # in-place updates (load_state_dict, .to) bump _version / change data_ptr
-            key: Any = (
-                self.embedding_sum.data_ptr(), self.embedding_sum._version,
-                self.cluster_usage.data_ptr(), self.cluster_usage._version,
-                self.embedding_sum.dtype, self.embedding_sum.device,
-            )
-        except RuntimeError:  # inference tensors track no version: do not cache
-            key = None
-        if key is not None and self._cache is not None and self._cache[0] == key:
-            return self._cache[1]
-        table = self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None]
-        if key is not None:
-            self._cache = (key, table)
-        return table
+        """The [codebook_size, dim] embedding table (cached until the buffers change)."""
+        return self._cache.get(
+            (self.embedding_sum, self.cluster_usage),
+            lambda: self.embedding_sum / self.cluster_usage.clamp(min=1e-5)[:, None],
+        )
 
 
 class _VQLayer(nn.Module):

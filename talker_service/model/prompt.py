@@ -15,15 +15,12 @@ import numpy as np
 import torch
 
 from tts_common.config import Qwen3TTSConfig
+from tts_common.errors import InvalidRequestError
 
 from .talker import Talker
 from .tokenizer import TextTokenizer
 
 Mode = Literal["custom_voice", "voice_design", "voice_clone_xvector", "voice_clone_icl"]
-
-
-class InvalidRequestError(ValueError):
-    """The request cannot be served by this checkpoint (maps to INVALID_ARGUMENT)."""
 
 
 @dataclass

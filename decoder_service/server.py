@@ -1,0 +1,288 @@
+"""The decoder gRPC servicer: codec frames in, 24 kHz audio out, batched across streams.
+
+Protocol (``qwen3tts.internal.v1.Decoder/Decode``, bidirectional): ``DecodeStart`` (optional
+voice-clone prefix codes, chunk schedule), then ``CodecChunk``s as the talker produces them, then
+``DecodeEnd``. The server answers ``PcmChunk``s (float32 LE) following the request's chunk
+schedule (small first chunk, growing to ``max_chunk_frames``) and a final ``DecodeDone``. The
+audio is the exact whole-utterance decode, chunk boundaries included (streaming state, no
+re-decoding of left context).
+
+Batching: every stream hands its ready chunk to :class:`DecodeBatcher`, which advances all the
+sessions waiting at that moment with one forward of the decoder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import grpc
+import numpy as np
+import torch
+
+from tts_common import metrics
+from tts_common.codes import codes_from_proto
+from tts_common.config import load_checkpoint_config
+from tts_common.errors import CapacityError, FailedPreconditionError, InvalidRequestError, UnavailableError
+from tts_common.logging_setup import request_context
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.serving import handle_rpc_errors, resolve_request_id
+from tts_common.stage_main import env_default
+
+from .model.codec_decoder import CodecDecoder
+from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_FIRST_CHUNK_FRAMES = 2
+DEFAULT_MAX_CHUNK_FRAMES = 25
+MAX_CHUNK_FRAMES_LIMIT = 100
+
+
+@dataclass
+class DecoderConfig:
+    """Settings of the decoder stage."""
+
+    device: str = "cpu"
+    dtype: str = "float32"
+    max_streams: int = 64
+    """Concurrent Decode streams; more -> RESOURCE_EXHAUSTED."""
+    max_prefix_frames: int = 2000
+    """Longest voice-clone prefix accepted."""
+
+
+@dataclass
+class _Job:
+    session: DecoderSession
+    codes: np.ndarray
+    future: asyncio.Future
+
+
+class DecodeBatcher:
+    """Collects ready chunks of many streams and advances them together (one forward each round)."""
+
+    def __init__(self, batcher: SessionBatcher) -> None:
+        self.batcher = batcher
+        self._pending: list[_Job] = []
+        self._wakeup = asyncio.Event()
+        self._task: asyncio.Task | None = None
+        self.rounds = 0
+        self.last_batch_size = 0
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self._run())
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+
+    async def decode(self, session: DecoderSession, codes: np.ndarray) -> np.ndarray:
+        """Audio of ``codes`` ([n, Q]) continuing ``session``; waits for the next batched round."""
+        future: asyncio.Future = asyncio.get_running_loop().create_future()
+        self._pending.append(_Job(session, codes, future))
+        self._wakeup.set()
+        return await future
+
+    async def _run(self) -> None:
+        while True:
+            await self._wakeup.wait()
+            self._wakeup.clear()
+            jobs, self._pending = self._pending, []
+            # A session appears at most once per round (its stream awaits each chunk).
+            jobs = [j for j in jobs if not j.future.done()]
+            if not jobs:
+                continue
+            self.rounds += 1
+            self.last_batch_size = len(jobs)
+            metrics.BATCH_SIZE.labels(stage="decoder").observe(len(jobs))
+            t0 = time.monotonic()
+            try:
+                outs = await asyncio.to_thread(
+                    self.batcher.advance, [j.session for j in jobs], [j.codes for j in jobs]
+                )
+            except Exception as exc:  # noqa: BLE001 - delivered to every waiting stream
+                for job in jobs:
+                    if not job.future.done():
+                        job.future.set_exception(exc)
+                continue
+            metrics.STEP_DURATION.labels(stage="decoder").observe(time.monotonic() - t0)
+            for job, out in zip(jobs, outs):
+                if not job.future.done():
+                    job.future.set_result(out.float().cpu().numpy())
+
+
+class DecoderServicer(stages_pb2_grpc.DecoderServicer):
+    """Owns the speech-tokenizer decoder and the cross-stream batcher."""
+
+    def __init__(self, model_dir: str, config: DecoderConfig) -> None:
+        self.model_dir = model_dir
+        self.config = config
+        self.decoder: CodecDecoder | None = None
+        self.batcher: DecodeBatcher | None = None
+        self.running = 0
+        self.total_requests = 0
+        self.sample_rate = 24000
+
+    async def load(self) -> None:
+        cfg = load_checkpoint_config(self.model_dir)
+        self.sample_rate = cfg.speech_tokenizer.output_sample_rate
+        self.decoder = await asyncio.to_thread(
+            CodecDecoder.from_checkpoint, self.model_dir, self.config.device, getattr(torch, self.config.dtype)
+        )
+        self.batcher = DecodeBatcher(SessionBatcher(self.decoder))
+        self.batcher.start()
+
+    async def close(self) -> None:
+        if self.batcher is not None:
+            await self.batcher.close()
+
+    @handle_rpc_errors(stage="decoder")
+    async def Decode(  # noqa: N802 - gRPC method name
+        self, request_iterator: AsyncIterator[stages_pb2.DecoderClientMessage], context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[stages_pb2.DecoderServerMessage]:
+        if self.decoder is None or self.batcher is None:
+            raise UnavailableError("decoder model is still loading")
+        messages = aiter(request_iterator)
+        first = await anext(messages, None)
+        if first is None or first.WhichOneof("message") != "start":
+            raise FailedPreconditionError("the first Decode message must be a DecodeStart")
+        start = first.start
+        with request_context(resolve_request_id(start.request_id, context)):
+            if self.running >= self.config.max_streams:
+                raise CapacityError(f"decoder is at its stream limit ({self.config.max_streams})")
+            schedule = self._schedule(start)
+            self.running += 1
+            self.total_requests += 1
+            metrics.RUNNING_REQUESTS.labels(stage="decoder").set(self.running)
+            try:
+                async for reply in self._stream(start, schedule, messages):
+                    yield reply
+            finally:
+                self.running -= 1
+                metrics.RUNNING_REQUESTS.labels(stage="decoder").set(self.running)
+
+    def _schedule(self, start: stages_pb2.DecodeStart) -> ChunkSchedule:
+        first = start.first_chunk_frames or DEFAULT_FIRST_CHUNK_FRAMES
+        largest = start.max_chunk_frames or max(DEFAULT_MAX_CHUNK_FRAMES, first)
+        if not 1 <= first <= largest <= MAX_CHUNK_FRAMES_LIMIT:
+            raise InvalidRequestError(
+                f"chunk schedule needs 1 <= first_chunk_frames ({first}) <= max_chunk_frames ({largest}) "
+                f"<= {MAX_CHUNK_FRAMES_LIMIT}"
+            )
+        return ChunkSchedule(first=first, growth=2.0, max=largest)
+
+    def _check_codes(self, codes: np.ndarray, what: str) -> np.ndarray:
+        assert self.decoder is not None
+        q = self.decoder.num_quantizers
+        if codes.ndim != 2 or codes.shape[1] != q:
+            raise InvalidRequestError(f"{what}: expected [frames, {q}] codes, got {codes.shape}")
+        if codes.size and (codes.min() < 0 or codes.max() >= self.decoder.config.codebook_size):
+            raise InvalidRequestError(f"{what}: codes must be in [0, {self.decoder.config.codebook_size})")
+        return codes
+
+    async def _stream(
+        self, start: stages_pb2.DecodeStart, schedule: ChunkSchedule, messages: AsyncIterator[stages_pb2.DecoderClientMessage]
+    ) -> AsyncIterator[stages_pb2.DecoderServerMessage]:
+        assert self.decoder is not None and self.batcher is not None
+        prefix = None
+        if start.HasField("prefix_codes") and start.prefix_codes.num_frames:
+            prefix = self._check_codes(codes_from_proto(start.prefix_codes), "prefix_codes")
+            if prefix.shape[0] > self.config.max_prefix_frames:
+                raise InvalidRequestError(f"prefix of {prefix.shape[0]} frames exceeds {self.config.max_prefix_frames}")
+        session = await asyncio.to_thread(DecoderSession, self.decoder, prefix)
+        spf = self.decoder.samples_per_frame
+        pending: list[np.ndarray] = []
+        pending_frames = 0
+        emitted_frames = 0
+        chunk_index = 0
+        t0 = time.monotonic()
+        first_chunk_ms = 0.0
+        expected_frame = 0
+        ended = False
+
+        async def emit(n: int) -> stages_pb2.DecoderServerMessage:
+            nonlocal pending, pending_frames, emitted_frames, chunk_index, first_chunk_ms
+            block = np.concatenate(pending, axis=0)
+            codes, rest = block[:n], block[n:]
+            pending, pending_frames = ([rest] if len(rest) else []), len(rest)
+            audio = await self.batcher.decode(session, codes)
+            msg = stages_pb2.DecoderServerMessage(
+                pcm=stages_pb2.PcmChunk(
+                    samples=audio.astype("<f4").tobytes(),
+                    sample_rate=self.sample_rate,
+                    start_sample=emitted_frames * spf,
+                    num_samples=len(audio),
+                    start_frame=emitted_frames,
+                    num_frames=n,
+                )
+            )
+            if chunk_index == 0:
+                first_chunk_ms = (time.monotonic() - t0) * 1000
+            emitted_frames += n
+            chunk_index += 1
+            return msg
+
+        async for message in messages:
+            kind = message.WhichOneof("message")
+            if kind == "chunk":
+                if ended:
+                    raise FailedPreconditionError("CodecChunk after DecodeEnd")
+                codes = self._check_codes(codes_from_proto(message.chunk.codes), "chunk")
+                if message.chunk.start_frame != expected_frame:
+                    raise FailedPreconditionError(
+                        f"chunk starts at frame {message.chunk.start_frame}, expected {expected_frame}"
+                    )
+                expected_frame += len(codes)
+                pending.append(codes)
+                pending_frames += len(codes)
+                while pending_frames >= (size := schedule.size(chunk_index)):
+                    yield await emit(size)
+            elif kind == "end":
+                ended = True
+                break
+            else:
+                raise FailedPreconditionError(f"unexpected {kind} message inside a Decode stream")
+        if not ended:
+            return  # the client went away without DecodeEnd: nothing more to send
+        if pending_frames:
+            yield await emit(pending_frames)
+        yield stages_pb2.DecoderServerMessage(
+            done=stages_pb2.DecodeDone(
+                frames=emitted_frames,
+                num_samples=emitted_frames * spf,
+                decode_ms=(time.monotonic() - t0) * 1000,
+                first_chunk_ms=first_chunk_ms,
+            )
+        )
+
+    @handle_rpc_errors(stage="decoder")
+    async def GetStats(self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext) -> stages_pb2.StageStats:  # noqa: N802
+        return stages_pb2.StageStats(
+            stage="decoder",
+            running_requests=self.running,
+            waiting_requests=0,
+            max_batch_size=self.config.max_streams,
+            total_requests=self.total_requests,
+            ready=self.decoder is not None,
+            device=self.config.device,
+            dtype=self.config.dtype,
+        )
+
+
+def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
+    def env(name: str, default: str) -> str:
+        return env_default("decoder", name, default)
+
+    parser.add_argument("--model", default=env("MODEL", ""), help="checkpoint directory (env QWEN3TTS_MODEL)")
+    parser.add_argument("--device", default=env("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
+    parser.add_argument("--dtype", default=env("DTYPE", "float32"), choices=["float32", "bfloat16"])
+    parser.add_argument("--max-streams", type=int, default=int(env("MAX_STREAMS", "64")))
+
+
+def decoder_config_from_args(args: argparse.Namespace) -> DecoderConfig:
+    return DecoderConfig(device=args.device, dtype=args.dtype, max_streams=args.max_streams)

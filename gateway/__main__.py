@@ -1,0 +1,44 @@
+"""``python -m gateway``: the public API process (default port 50051).
+
+Example::
+
+    python -m gateway --talker-targets localhost:50052 --decoder-targets localhost:50053 \\
+        --speaker-targets localhost:50054 --voices-dir /var/lib/qwen3tts/voices
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+
+from tts_common.logging_setup import setup_logging
+from tts_common.serving import channel_options, parse_server_args, serve
+
+from .config import DEFAULT_PORT, STAGE, add_gateway_arguments, gateway_config_from_args
+from .server import SERVICE_NAME, GatewayServicer, server_setup
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description="qwen3-tts gateway: public TextToSpeech API over the talker, decoder and "
+                    "speaker stages")
+    add_gateway_arguments(parser)
+    server_config, args = parse_server_args(argv, stage=STAGE, default_port=DEFAULT_PORT,
+                                            parser=parser)
+    try:
+        config = gateway_config_from_args(args)
+    except ValueError as exc:
+        parser.error(str(exc))
+    setup_logging(server_config.log_level, stage=STAGE)
+
+    async def run() -> None:
+        servicer = GatewayServicer.from_config(config, channel_options(server_config))
+        add_servicers, build_kwargs = server_setup(servicer, config)
+        await serve(server_config, add_servicers, [SERVICE_NAME], startup=servicer.start,
+                    shutdown=servicer.close, **build_kwargs)
+
+    asyncio.run(run())
+
+
+if __name__ == "__main__":
+    main()
