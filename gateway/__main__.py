@@ -20,6 +20,7 @@ from .server import SERVICE_NAME, GatewayServicer, server_setup
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
+        prog="python -m gateway",
         description="qwen3-tts gateway: public TextToSpeech API over the talker, decoder and "
                     "speaker stages")
     add_gateway_arguments(parser)

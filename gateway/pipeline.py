@@ -151,15 +151,17 @@ class SynthesisPipeline:
             read = asyncio.ensure_future(self._decoder_call.read())
             try:
                 while not read.done():
-                    waiting: set[asyncio.Future[object]] = {read}
-                    if not pump.done():
-                        waiting.add(pump)  # type: ignore[arg-type]
-                    await asyncio.wait(waiting, return_when=asyncio.FIRST_COMPLETED)
-                    if pump.done() and not pump.cancelled() and pump.exception() is not None:
-                        raise pump.exception()  # type: ignore[misc]  # talker side failed
+                    if pump.done():
+                        if not pump.cancelled() and pump.exception() is not None:
+                            raise pump.exception()  # type: ignore[misc]  # talker side failed
+                        await asyncio.wait({read})
+                    else:
+                        await asyncio.wait({read, pump}, return_when=asyncio.FIRST_COMPLETED)
             finally:
                 if not read.done():
                     read.cancel()
+                elif not read.cancelled():
+                    read.exception()  # mark as retrieved (the pump's error is reported)
             message = self._read_result(read)
             kind = message.WhichOneof("message")
             if kind == "pcm":

@@ -16,6 +16,7 @@ process reports NOT_SERVING until the talker answers), cached, and refreshed whe
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import logging
@@ -28,8 +29,7 @@ import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tts_common import metrics
-from tts_common.errors import (CapacityError, FailedPreconditionError, InvalidRequestError,
-                               UnavailableError)
+from tts_common.errors import CapacityError, FailedPreconditionError, InvalidRequestError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
@@ -327,9 +327,10 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
                     model_name=info.model_name, language=plan.language,
                     text_feeding=plan.text_feeding, sampling=plan.sampling))
                 stream = _ChunkStream(plan, output, received)
-                async for pcm in pipeline.pcm_chunks():
-                    samples = np.frombuffer(pcm.samples, dtype="<f4")
-                    yield await stream.chunk(samples)
+                async with contextlib.aclosing(pipeline.pcm_chunks()) as pcm_chunks:
+                    async for pcm in pcm_chunks:
+                        samples = np.frombuffer(pcm.samples, dtype="<f4")
+                        yield await stream.chunk(samples)
                 final = await stream.finish()
                 if final is not None:
                     yield final

@@ -132,7 +132,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             TalkerModel.from_checkpoint, self.model_dir, self.engine_config.device, dtype
         )
         self.engine = TalkerEngine(self.model.talker, self.engine_config)
-        self.engine.on_step.append(lambda batch, seconds: metrics.TALKER_BATCH_SIZE.observe(batch))
+        self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(
             "talker ready: %s (%s %s), %d slots x %d positions, %.1f MiB KV per slot",
@@ -140,6 +140,16 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             self.engine_config.max_slots, self.engine_config.max_seq_len,
             self.engine.runner.kv_bytes_per_slot / 2**20,
         )
+
+    def _observe_step(self, batch: int, seconds: float) -> None:
+        """Engine-thread callback after each decode step (Prometheus)."""
+        assert self.engine is not None
+        stats = self.engine.stats()
+        metrics.BATCH_SIZE.labels(stage="talker").observe(batch)
+        metrics.STEP_DURATION.labels(stage="talker").observe(seconds)
+        metrics.RUNNING_REQUESTS.labels(stage="talker").set(stats.running)
+        metrics.WAITING_REQUESTS.labels(stage="talker").set(stats.waiting)
+        metrics.GENERATED_FRAMES.labels(stage="talker").inc(batch)
 
     async def close(self) -> None:
         if self.engine is not None:

@@ -3,6 +3,13 @@
 Plain ``nn.Module``s whose parameter (and buffer) names equal the checkpoint keys under
 ``decoder.`` in ``speech_tokenizer/model.safetensors``, so the official weights load strictly.
 
+Why streaming needs no look-ahead (§9.1 padding rules): every conv of the decoder has stride 1,
+so the official causal padding is ``(k-1)*dilation`` zeros on the left and no right padding (the
+"complete the last stride" pad is 0 at stride 1); transposed convs trim only on the right, so output
+sample ``t`` depends on inputs ``<= t // stride``; attention sees keys ``j <= i``; the quantizer,
+LayerNorm/RMSNorm, linear layers and SnakeBeta act per time step. Hence no output sample is held
+back: a chunk of ``n`` frames yields its ``n * samples_per_frame`` samples at once.
+
 Every module has two entry points:
 
 * ``forward(x)`` — whole-utterance computation with the official padding rules (the reference
@@ -68,10 +75,10 @@ def _gather_time(x: Tensor, start: Tensor | None, size: int, dim: int = -1) -> T
     return torch.gather(x, dim, idx)
 
 
-def _time_mask(lengths: Tensor, size: int, dtype: torch.dtype) -> Tensor:
-    """[B, 1, size] with 1 where ``t < lengths[b]``, else 0."""
-    t = torch.arange(size, device=lengths.device)
-    return (t[None, :] < lengths[:, None]).to(dtype)[:, None, :]
+def _zero_padding(x: Tensor, lengths: Tensor) -> Tensor:
+    """``x`` [B, C, T] with every step ``t >= lengths[b]`` of row ``b`` set to 0."""
+    t = torch.arange(x.shape[-1], device=x.device)
+    return torch.where((t[None, :] < lengths[:, None])[:, None, :], x, torch.zeros((), dtype=x.dtype, device=x.device))
 
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -204,7 +211,7 @@ class CausalConvTranspose1d(_Stateful):
             return self._bias(self._full(x))
         if lengths is not None:
             # padded inputs must not leak into the pending overlap of their row
-            x = x * _time_mask(lengths, n, x.dtype)
+            x = _zero_padding(x, lengths)
         y = self._full(x)
         y = torch.cat([y[..., : self.overlap] + state[self.state_key], y[..., self.overlap :]], dim=-1)
         if lengths is None:
@@ -520,18 +527,22 @@ class DecoderTransformer(_Stateful):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
-        dim = config.head_dim
-        inv_freq = 1.0 / (
-            config.rope_theta ** (torch.arange(0, dim, 2, dtype=torch.int64).to(torch.float32) / dim)
-        )
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        # not a buffer: `.to(bfloat16)` must not round the fp32 RoPE frequencies
+        self._inv_freq: dict[torch.device, Tensor] = {}
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         return {f"{self.state_key}.positions": ((self.window,), torch.int64)}
 
     def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         """cos/sin [B, T, head_dim] for absolute positions [B, T]; fp32 tables cast to ``dtype``."""
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq.to(torch.float32)
+        inv_freq = self._inv_freq.get(positions.device)
+        if inv_freq is None:
+            dim = self.head_dim
+            exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
+            inv_freq = self._inv_freq[positions.device] = 1.0 / (self.rope_theta**exponents)
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
         return emb.cos().to(dtype), emb.sin().to(dtype)
 
@@ -586,6 +597,11 @@ class CodecDecoder(nn.Module):
         self.config = config
         self.samples_per_frame = config.samples_per_frame
         self.num_quantizers = config.num_quantizers
+        self.cpu_back_group_frames: int | None = 32
+        """On CPU, :meth:`step` runs the high-rate conv stack over groups of rows totalling at most
+        this many frames (None: all rows at once). Batching buys little there on CPU (its convs
+        already have long time axes) while batch-sized activations (hundreds of MB at 1920x)
+        thrash caches and the allocator (fresh pages for every large tensor)."""
         self.quantizer = SplitResidualVectorQuantizer(
             config.num_quantizers, config.codebook_dim, config.codebook_size
         )
@@ -790,8 +806,27 @@ class CodecDecoder(nn.Module):
         data-dependent shapes (CUDA-graph capturable)."""
         new_state: State = {}
         h, up_lengths = self.step_front(codes.clamp(min=0), positions, lengths, state, new_state)
-        wav = self.step_back(h, up_lengths, state, new_state)
-        return wav.float(), new_state
+        rows, frames = codes.shape[0], codes.shape[-1]
+        group = rows
+        if self.cpu_back_group_frames is not None and h.device.type == "cpu":
+            group = max(1, self.cpu_back_group_frames // max(frames, 1))
+        if group >= rows:
+            wav = self.step_back(h, up_lengths, state, new_state)
+            return wav.float(), new_state
+        # rows are independent in the conv stack: run it on groups of rows (exact) so that its
+        # large high-rate activations stay small (see `cpu_back_group_frames`)
+        back_keys = [k for k in state if self.is_back_key(k)]
+        pieces: list[Tensor] = []
+        parts: dict[str, list[Tensor]] = {k: [] for k in back_keys}
+        for r0 in range(0, rows, group):
+            rs = slice(r0, r0 + group)
+            sub_new: State = {}
+            sub_lengths = None if up_lengths is None else up_lengths[rs]
+            pieces.append(self.step_back(h[rs], sub_lengths, {k: state[k][rs] for k in back_keys}, sub_new))
+            for k in back_keys:
+                parts[k].append(sub_new[k])
+        new_state.update({k: torch.cat(v) for k, v in parts.items()})
+        return torch.cat(pieces).float(), new_state
 
     def back_receptive_frames(self) -> int:
         """Codec frames of input the conv stack's streaming state can depend on (upper bound).

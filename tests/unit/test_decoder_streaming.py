@@ -69,7 +69,7 @@ def _fit(sizes: list[int], total: int) -> list[int]:
     return out
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), frames=st.integers(1, 40), prefix_frames=st.integers(0, 40), seed=st.integers(0, 1000))
 def test_streaming_equals_whole_decode_any_chunking(
     small: CodecDecoder, data: st.DataObject, frames: int, prefix_frames: int, seed: int
@@ -106,7 +106,7 @@ def test_long_utterance_window_72_real_upsampling(tiny: CodecDecoder) -> None:
     assert float((chunked[300 * 1920 :] - whole[300 * 1920 :]).abs().max()) > 3e-5
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), seed=st.integers(0, 1000))
 def test_batched_equals_solo(small: CodecDecoder, data: st.DataObject, seed: int) -> None:
     """Streams at different positions, with different chunk lengths (0 included), one forward."""

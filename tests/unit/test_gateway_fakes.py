@@ -6,8 +6,9 @@ frame index, the decoder turns each frame into 1920 samples of a tone whose ampl
 the frame's first code (:func:`expected_signal` gives the whole utterance), the speaker returns an
 x-vector derived from the audio bytes and 5 frames of reference codes.
 
-Run as a script (``python tests/unit/test_gateway_fakes.py talker MODEL_TYPE FRAMES DELAY``) it
-serves a fake talker on a free loopback port and prints the port: the kill test SIGKILLs it.
+Run as a script (``python tests/unit/test_gateway_fakes.py talker MODEL_TYPE FRAMES DELAY
+[PORT]``) it serves a fake talker on loopback (a free port by default) and prints the port: the
+process tests start, SIGKILL and wait for it.
 """
 
 from __future__ import annotations
@@ -162,6 +163,7 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
     def __init__(self) -> None:
         self.starts: list[stages_pb2.DecodeStart] = []
         self.cancelled_calls = 0
+        """Calls that ended without DecodeEnd (cancelled by the client or failed)."""
         self.chunk_frames: list[int] = []
 
     async def Decode(  # noqa: N802
@@ -185,6 +187,7 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
                 start_sample=frames[0][0] * SAMPLES_PER_FRAME, num_samples=audio.size,
                 start_frame=frames[0][0], num_frames=len(frames)))
 
+        ended = False
         try:
             async for message in iterator:
                 kind = message.WhichOneof("message")
@@ -199,7 +202,11 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
                         pending = pending[size:]
                         size = min(size * 2, largest)
                 elif kind == "end":
+                    ended = True
                     break
+            if not ended:  # the client went away
+                self.cancelled_calls += 1
+                return
             if pending:
                 yield pcm(pending)
             yield stages_pb2.DecoderServerMessage(done=stages_pb2.DecodeDone(
@@ -252,7 +259,9 @@ class Harness:
 
     def __init__(self, model_type: str = "custom_voice", *, speaker: bool = True,
                  talker_target: str | None = None, frames: int = 6, delay: float = 0.005,
+                 client_credentials: grpc.ChannelCredentials | None = None,
                  **config: Any) -> None:
+        self.client_credentials = client_credentials
         self.model_type = model_type
         self.with_speaker = speaker
         self.talker_target = talker_target
@@ -290,7 +299,11 @@ class Harness:
         await self.servicer.start()
         self.health.mark_ready()
         self.port = bound_port(self.server)
-        self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        if self.client_credentials is None:
+            self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        else:
+            self.channel = grpc.aio.secure_channel(f"localhost:{self.port}",
+                                                   self.client_credentials)
         self.stub = tts_pb2_grpc.TextToSpeechStub(self.channel)
         return self
 
@@ -317,8 +330,8 @@ class Harness:
 async def expect_rpc_error(call: Any) -> grpc.aio.AioRpcError:
     """Drain a streaming call or await a unary one; return the error it must end with."""
     try:
-        if hasattr(call, "__aiter__"):
-            async for _ in call:
+        if hasattr(call, "read"):
+            while await call.read() is not grpc.aio.EOF:
                 pass
         else:
             await call
@@ -365,14 +378,15 @@ def test_fake_decoder_and_talker_roundtrip() -> None:
 # Script mode: a fake talker in its own process
 
 
-async def _serve_talker(model_type: str, frames: int, delay: float) -> None:
+async def _serve_talker(model_type: str, frames: int, delay: float, port: int = 0) -> None:
     server, port = await start_fake(stages_pb2_grpc.add_TalkerServicer_to_server,
-                                    FakeTalker(model_type, frames, delay))
+                                    FakeTalker(model_type, frames, delay), port)
     print(port, flush=True)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) != 5 or sys.argv[1] != "talker":
-        raise SystemExit("usage: test_gateway_fakes.py talker MODEL_TYPE FRAMES DELAY")
-    asyncio.run(_serve_talker(sys.argv[2], int(sys.argv[3]), float(sys.argv[4])))
+    if len(sys.argv) not in (5, 6) or sys.argv[1] != "talker":
+        raise SystemExit("usage: test_gateway_fakes.py talker MODEL_TYPE FRAMES DELAY [PORT]")
+    asyncio.run(_serve_talker(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]),
+                              int(sys.argv[5]) if len(sys.argv) == 6 else 0))
