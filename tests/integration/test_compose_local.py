@@ -237,23 +237,26 @@ def _wait_for(service: LocalService, condition: str, everyone: list[LocalService
 
 
 def _stop_all(services: list[LocalService]) -> dict[str, int | None]:
-    """SIGTERM in reverse start order (gateway first), each given its stop_grace_period, then
-    SIGKILL whatever is left. Returns the exit codes of the long-running services."""
+    """Stop like `docker compose down`: dependents before their dependencies (the gateway, then
+    the stages together), SIGTERM, each given its stop_grace_period, then SIGKILL. Returns the
+    exit codes (None: had to be killed)."""
+    by_name = {s.name: s for s in services}
+    depth: dict[str, int] = {}
+    for service in services:  # in start order, so dependencies come first
+        depth[service.name] = 1 + max((depth[d] for d in service.depends_on), default=0)
     codes: dict[str, int | None] = {}
-    for service in reversed(services):
-        process = service.process
-        if process is None:
-            continue
-        if process.poll() is None:
-            process.send_signal(signal.SIGTERM)
+    for level in sorted(set(depth.values()), reverse=True):
+        group = [by_name[n] for n, d in depth.items() if d == level and by_name[n].process]
+        for service in group:
+            if service.process.poll() is None:
+                service.process.send_signal(signal.SIGTERM)
+        for service in group:
             try:
-                process.wait(timeout=service.stop_grace)
+                codes[service.name] = service.process.wait(timeout=service.stop_grace)
             except subprocess.TimeoutExpired:
-                process.kill()
-                process.wait(timeout=10)
-                codes[service.name] = None  # did not stop in time
-                continue
-        codes[service.name] = process.returncode
+                service.process.kill()
+                service.process.wait(timeout=10)
+                codes[service.name] = None
     for service in services:
         if service._log is not None:
             service._log.close()
