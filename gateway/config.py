@@ -76,7 +76,8 @@ class GatewayConfig:
     """Largest audio chunk in frames when the request leaves it 0 (2 s)."""
 
     stage_timeout_seconds: float = 30.0
-    """Deadline of unary stage calls (GetModelInfo, EmbedReference)."""
+    """Deadline of unary stage calls (GetModelInfo, EmbedReference), and how long the decoder
+    may stay silent after it got the last frame."""
 
     startup_timeout_seconds: float = 0.0
     """How long startup waits for the talker's model info; 0 = until it comes (or a signal)."""
@@ -154,7 +155,8 @@ _FLAGS: tuple[tuple[str, str, Callable[[str], Any], Any, str], ...] = (
     ("default_max_chunk_frames", "--default-max-chunk-frames", _positive_int, 25,
      "largest audio chunk in frames unless the request says otherwise"),
     ("stage_timeout_seconds", "--stage-timeout-seconds", _positive_float, 30.0,
-     "deadline of unary stage calls (model info, reference embedding)"),
+     "deadline of unary stage calls (model info, reference embedding) and of the decoder's "
+     "final flush"),
     ("startup_timeout_seconds", "--startup-timeout-seconds", _non_negative_float, 0.0,
      "how long startup waits for the talker (0 = forever)"),
     ("model_info_ttl_seconds", "--model-info-ttl-seconds", _positive_float, 60.0,

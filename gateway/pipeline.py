@@ -77,13 +77,17 @@ class SynthesisPipeline:
         *,
         timeout: float | None = None,
         metadata: Sequence[tuple[str, str]] = (),
+        drain_timeout: float = 30.0,
     ) -> None:
+        """``timeout``: deadline of both calls (the client's remaining time); ``drain_timeout``:
+        how long the decoder may stay silent once it has all frames."""
         self._talker_stub = talker
         self._decoder_stub = decoder
         self._talker_request = talker_request
         self._decode_start = decode_start
         self._timeout = timeout
         self._metadata = tuple(metadata)
+        self._drain_timeout = drain_timeout
         self._talker_call: grpc.aio.StreamStreamCall | None = None
         self._decoder_call: grpc.aio.StreamStreamCall | None = None
         self._pump: asyncio.Task[None] | None = None
@@ -154,7 +158,12 @@ class SynthesisPipeline:
                     if pump.done():
                         if not pump.cancelled() and pump.exception() is not None:
                             raise pump.exception()  # type: ignore[misc]  # talker side failed
-                        await asyncio.wait({read})
+                        # All input is in: a healthy decoder answers quickly.
+                        await asyncio.wait({read}, timeout=self._drain_timeout)
+                        if not read.done():
+                            raise StageError(
+                                "decoder", grpc.StatusCode.UNAVAILABLE,
+                                f"no output for {self._drain_timeout:g} s after the end of input")
                     else:
                         await asyncio.wait({read, pump}, return_when=asyncio.FIRST_COMPLETED)
             finally:

@@ -42,9 +42,8 @@ from .config import STAGE, GatewayConfig
 from .encoding import NATIVE_SAMPLE_RATE, AudioOutput
 from .pipeline import StageError, SynthesisPipeline
 from .routing import StageClient
-from .validation import (ABSOLUTE_MAX_NEW_TOKENS, RequestLimits, SynthesisPlan,
-                         decode_reference, default_sampling, validate_register,
-                         validate_synthesize)
+from .validation import (RequestLimits, SynthesisPlan, decode_reference,
+                         effective_model_info, validate_register, validate_synthesize)
 from .voices import StoredVoice, VoiceStore, new_voice_id
 
 logger = logging.getLogger(__name__)
@@ -190,14 +189,8 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
                 return self._info
 
     def _public_model_info(self, talker: stages_pb2.TalkerInfo) -> tts_pb2.ModelInfo:
-        info = tts_pb2.ModelInfo()
-        info.CopyFrom(talker.model)
+        info = effective_model_info(talker)
         info.voice_clone_supported = info.voice_clone_supported and self.speaker is not None
-        info.default_sampling.CopyFrom(default_sampling(talker.model))
-        if info.max_new_tokens_limit <= 0:
-            info.max_new_tokens_limit = ABSOLUTE_MAX_NEW_TOKENS
-        if not info.sample_rate:
-            info.sample_rate = NATIVE_SAMPLE_RATE
         return info
 
     # -----------------------------------------------------------------------------------------
@@ -297,7 +290,7 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         request_id: str, received: float,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         talker_info = await self.talker_info()
-        info = talker_info.model
+        info = effective_model_info(talker_info)
         plan = validate_synthesize(request, info, self.limits)
         native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
         output = AudioOutput(plan.encoding, plan.sample_rate, native_rate)
@@ -318,7 +311,8 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
             pipeline = SynthesisPipeline(
                 talker.stub, decoder.stub, talker_request, decode_start,
                 timeout=context.time_remaining(),
-                metadata=((REQUEST_ID_METADATA_KEY, request_id),))
+                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
+                drain_timeout=self.config.stage_timeout_seconds)
             try:
                 await pipeline.start()
                 yield tts_pb2.SynthesizeResponse(metadata=tts_pb2.SynthesisMetadata(
@@ -362,7 +356,7 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
                 model_type=info.model_type, model_size=info.model_size, speakers=info.speakers,
                 languages=info.languages, instruct_supported=info.instruct_supported,
                 voice_clone_supported=info.voice_clone_supported,
-                voices=[v.voice for v in self.voices.list()], sample_rate=info.sample_rate)
+                voices=[v.voice for v in self.voices.list_voices()], sample_rate=info.sample_rate)
 
     @handle_rpc_errors(stage=STAGE)
     async def GetModelInfo(  # noqa: N802 - gRPC method name

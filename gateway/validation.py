@@ -5,7 +5,9 @@ message naming the field, the offending value and what is accepted, so a client 
 request without reading server logs. Resolution turns a request into a :class:`SynthesisPlan`
 where every default is explicit (language lower-cased, text feeding never DEFAULT, every
 sampling field set including the seed, chunk sizes, output encoding and rate): the stages never
-guess, and the plan is what SynthesisMetadata reports.
+guess, and the plan is what SynthesisMetadata reports. One exception: ``max_new_tokens`` stays
+unset unless the client sets it, so that the talker applies its text-length-based guard (see
+:func:`resolve_sampling`).
 """
 
 from __future__ import annotations
@@ -17,13 +19,15 @@ from typing import Literal
 
 from tts_common.audio import AudioError, AudioLimits, load_audio
 from tts_common.errors import InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from .config import MAX_CHUNK_FRAMES_LIMIT
 from .encoding import NATIVE_SAMPLE_RATE, check_output_format
 
 ABSOLUTE_MAX_NEW_TOKENS = 32768
-"""Cap on SamplingOptions.max_new_tokens when the talker reports no limit (~43 min of audio)."""
+"""Cap on SamplingOptions.max_new_tokens when the talker reports neither a limit nor its slot
+length (~43 min of audio)."""
 
 BUILTIN_SAMPLING = tts_pb2.SamplingOptions(
     do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
@@ -231,7 +235,8 @@ def new_seed() -> int:
 
 def resolve_sampling(options: tts_pb2.SamplingOptions,
                      info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
-    """Client values (checked) over the model defaults; every field set, seed included."""
+    """Client values (checked) over the model defaults: every field set, the seed drawn if the
+    client gave none; ``max_new_tokens`` only if the client set it (see the comment below)."""
     if options.HasField("temperature"):
         _check_positive("temperature", options.temperature)
     if options.HasField("subtalker_temperature"):
@@ -253,9 +258,28 @@ def resolve_sampling(options: tts_pb2.SamplingOptions,
                         f"most M-1 frames), got {options.max_new_tokens}")
     resolved = default_sampling(info)
     resolved.MergeFrom(options)  # set fields of `options` win (proto3 optional presence)
+    if not options.HasField("max_new_tokens"):
+        # Left unset on purpose: the talker then applies its length guard (a frame budget from
+        # the text length, capped to what fits in a KV slot), whereas an explicit value is
+        # taken literally and rejected (RESOURCE_EXHAUSTED) when it cannot fit in a slot.
+        resolved.ClearField("max_new_tokens")
     if not resolved.HasField("seed"):
         resolved.seed = new_seed()
     return resolved
+
+
+def effective_model_info(talker: stages_pb2.TalkerInfo) -> tts_pb2.ModelInfo:
+    """The talker's ModelInfo as the gateway applies it: ``max_new_tokens_limit`` filled in
+    (the talker's, else its slot length ``max_seq_len``, else :data:`ABSOLUTE_MAX_NEW_TOKENS`),
+    ``default_sampling`` complete, ``sample_rate`` set."""
+    info = tts_pb2.ModelInfo()
+    info.CopyFrom(talker.model)
+    if info.max_new_tokens_limit <= 0:
+        info.max_new_tokens_limit = talker.max_seq_len or ABSOLUTE_MAX_NEW_TOKENS
+    info.default_sampling.CopyFrom(default_sampling(info))
+    if not info.sample_rate:
+        info.sample_rate = NATIVE_SAMPLE_RATE
+    return info
 
 
 def resolve_output(output: tts_pb2.AudioFormat, info: tts_pb2.ModelInfo) -> tuple[int, int]:
@@ -335,7 +359,7 @@ def validate_register(request: tts_pb2.RegisterVoiceRequest, info: tts_pb2.Model
 __all__ = [
     "ABSOLUTE_MAX_NEW_TOKENS", "BUILTIN_SAMPLING", "RequestLimits", "SynthesisPlan",
     "check_clone", "check_instruct", "check_text", "check_voice_kind", "decode_reference",
-    "default_sampling",
+    "default_sampling", "effective_model_info",
     "new_seed", "resolve_language", "resolve_output", "resolve_sampling", "resolve_streaming",
     "validate_register", "validate_synthesize",
 ]

@@ -140,7 +140,7 @@ class VoiceStore:
         logger.info("loaded %d registered voice(s) from %s", loaded, self.directory)
         return loaded
 
-    def list(self) -> list[StoredVoice]:
+    def list_voices(self) -> list[StoredVoice]:
         """All voices, oldest first."""
         return sorted(self._voices.values(),
                       key=lambda v: (v.voice.created_at.seconds, v.voice.created_at.nanos,

@@ -277,8 +277,19 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-cuda-graphs", action="store_true", default=env("NO_CUDA_GRAPHS", "") not in ("", "0"))
 
 
+def batch_buckets_for(max_slots: int) -> tuple[int, ...]:
+    """Powers of two up to ``max_slots``, plus ``max_slots``: one CUDA graph each."""
+    buckets = {max_slots}
+    b = 1
+    while b < max_slots:
+        buckets.add(b)
+        b *= 2
+    return tuple(sorted(buckets))
+
+
 def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
     return EngineConfig(
+        batch_buckets=batch_buckets_for(args.max_slots),
         max_slots=args.max_slots,
         max_seq_len=args.max_seq_len,
         max_waiting=args.max_waiting,

@@ -158,8 +158,12 @@ def add_server_arguments(
     stage: str,
     default_port: int,
     env: Mapping[str, str] | None = None,
+    default_host: str | None = None,
 ) -> None:
     """Add the :class:`ServerConfig` flags to ``parser``.
+
+    ``default_host`` overrides the bind address default (stages use loopback by default so that
+    only the gateway is reachable from outside unless a deployment says otherwise).
 
     Precedence: command-line flag > ``QWEN3TTS_<STAGE>_<FIELD>`` > ``QWEN3TTS_<FIELD>`` (not for
     ports) > built-in default (``default_port`` for the port). Environment values are parsed
@@ -167,6 +171,8 @@ def add_server_arguments(
     """
     environ = os.environ if env is None else env
     defaults = ServerConfig(stage=stage, port=default_port)
+    if default_host is not None:
+        defaults.host = default_host
     group = parser.add_argument_group("server")
     for field, flag, type_, help_text, stage_independent in _FLAGS:
         names = env_names(stage, field, stage_independent=stage_independent)
@@ -194,12 +200,13 @@ def parse_server_args(
     default_port: int,
     parser: argparse.ArgumentParser | None = None,
     env: Mapping[str, str] | None = None,
+    default_host: str | None = None,
 ) -> tuple[ServerConfig, argparse.Namespace]:
     """Parse ``argv`` (default ``sys.argv[1:]``) with the server flags added to ``parser`` (a new
     one if None; add the process's own flags to it first). Returns the config and the full
     namespace."""
     parser = parser or argparse.ArgumentParser(description=f"qwen3-tts {stage} server")
-    add_server_arguments(parser, stage=stage, default_port=default_port, env=env)
+    add_server_arguments(parser, stage=stage, default_port=default_port, env=env, default_host=default_host)
     args = parser.parse_args(argv)
     return config_from_args(args), args
 

@@ -14,6 +14,9 @@ from .logging_setup import setup_logging
 from .serving import parse_server_args, serve, service_name
 
 
+STAGE_DEFAULT_HOST = "127.0.0.1"
+
+
 class StageServicer(Protocol):
     async def load(self) -> None:
         """Load the model (health turns SERVING once this returns)."""
@@ -38,7 +41,11 @@ def run_stage_process(
     """
     parser = argparse.ArgumentParser(description=description)
     add_arguments(parser)
-    config, args = parse_server_args(argv, stage=stage, default_port=default_port, parser=parser)
+    # Stages listen on loopback unless told otherwise (--host / QWEN3TTS_<STAGE>_HOST): only the
+    # gateway is meant to be reachable from outside the host.
+    config, args = parse_server_args(
+        argv, stage=stage, default_port=default_port, parser=parser, default_host=STAGE_DEFAULT_HOST
+    )
     if not getattr(args, "model", ""):
         parser.error("--model (or QWEN3TTS_MODEL) is required")
     setup_logging(config.log_level, stage=stage)

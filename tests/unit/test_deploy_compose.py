@@ -37,6 +37,7 @@ import re
 import shlex
 import subprocess
 import tempfile
+import textwrap
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -550,7 +551,6 @@ def test_merge_rules(tmp_path: Path) -> None:
 
 
 def textwrap_dedent(text: str) -> str:
-    import textwrap
     return textwrap.dedent(text).lstrip()
 
 
@@ -588,6 +588,7 @@ def test_every_service_is_complete(variant: tuple[str, dict[str, Any]]) -> None:
         if name in procs:
             assert svc.get("restart") == "unless-stopped", name
             assert "healthcheck" in svc, name
+            assert svc.get("cap_drop") == ["ALL"], name
         else:  # one-shot helpers must not be restarted in a loop
             assert svc.get("restart") == "no", name
     # One image for everything: every service builds the same thing.
@@ -817,7 +818,7 @@ def test_processes_run_modules_of_the_package(variant: tuple[str, dict[str, Any]
     pyproject = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
     included = pyproject["tool"]["setuptools"]["packages"]["find"]["include"]
     _, model = variant
-    for name, svc in model["services"].items():
+    for svc in model["services"].values():
         module = process_module(svc.get("command") or [])
         if module is not None:
             assert any(re.fullmatch(p.replace("*", ".*"), module) for p in included), module
@@ -834,7 +835,14 @@ def _compose_binary() -> Path | None:
     if spec is None or not spec.origin:
         return None
     binary = Path(spec.origin).parent / "docker-compose"
-    return binary if binary.is_file() and os.access(binary, os.X_OK) else None
+    if not (binary.is_file() and os.access(binary, os.X_OK)):
+        return None
+    try:  # the bundled binary is linux/x86_64 only
+        probe = subprocess.run([str(binary), "version"], capture_output=True, text=True,
+                               timeout=30)
+    except OSError:
+        return None
+    return binary if probe.returncode == 0 and "v2." in probe.stdout else None
 
 
 def _real_compose_config(files: Iterable[Path], env: Mapping[str, str]) -> dict[str, Any]:

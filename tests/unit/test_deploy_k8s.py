@@ -21,12 +21,12 @@ import re
 import shutil
 import subprocess
 import sys
-import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+import tomllib
 import yaml
 
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
@@ -377,7 +377,7 @@ def test_services() -> None:
     services = objects_of("Service")
     deployments = objects_of("Deployment")
     labels = pod_labels()
-    for stage, deployment, config in stage_deployments():
+    for stage, _deployment, config in stage_deployments():
         service = services[stage]
         spec = service["spec"]
         selected = [n for n, pod in labels.items() if labels_match(

@@ -99,6 +99,9 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         self.requests: list[stages_pb2.TalkerRequest] = []
         self.cancel_messages = 0
         self.cancelled_calls = 0
+        self.stop_exceptions: list[str] = []
+        self.rpc_cancelled = 0
+        """Generate calls that ended cancelled (by the caller or its deadline)."""
         self.model_info_calls = 0
         self.stopped = asyncio.Event()
         """Set when a generation ended because of Cancel or call cancellation."""
@@ -116,6 +119,16 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         first = await anext(aiter(request_iterator))
         request = first.request
         self.requests.append(request)
+
+        def on_done(ctx: grpc.aio.ServicerContext) -> None:
+            # grpc.aio may leave a handler's generator suspended (closed only when garbage
+            # collected) if the cancellation lands while it sends a message; the RPC's done
+            # callback is the reliable signal that the caller cancelled the call.
+            if ctx.cancelled():
+                self.rpc_cancelled += 1
+                self.stopped.set()
+
+        context.add_done_callback(on_done)
         if request.text == "talker-reject":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake talker rejects this")
         cancel = asyncio.Event()
@@ -129,7 +142,7 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
 
         watcher = asyncio.create_task(watch())
         n, reason = self.frames, tts_pb2.FINISH_REASON_EOS
-        if request.sampling.max_new_tokens - 1 < n:
+        if request.sampling.HasField("max_new_tokens") and request.sampling.max_new_tokens - 1 < n:
             n, reason = request.sampling.max_new_tokens - 1, tts_pb2.FINISH_REASON_LENGTH
         self.started.set()
         try:
@@ -145,8 +158,9 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
                         num_frames=1, num_codebooks=NUM_CODEBOOKS, values=frame_codes(f))))
             yield stages_pb2.TalkerServerMessage(done=stages_pb2.TalkerDone(
                 frames=n, finish_reason=reason, queue_ms=1.5))
-        except asyncio.CancelledError:
+        except BaseException as exc:  # CancelledError, or GeneratorExit when grpc closes us
             self.cancelled_calls += 1
+            self.stop_exceptions.append(type(exc).__name__)
             self.stopped.set()
             raise
         finally:
@@ -165,6 +179,8 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
         self.cancelled_calls = 0
         """Calls that ended without DecodeEnd (cancelled by the client or failed)."""
         self.chunk_frames: list[int] = []
+        self.hang_at_end = False
+        """Simulate a stuck decoder: never answer after DecodeEnd."""
 
     async def Decode(  # noqa: N802
         self, request_iterator: AsyncIterator[stages_pb2.DecoderClientMessage],
@@ -207,6 +223,8 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
             if not ended:  # the client went away
                 self.cancelled_calls += 1
                 return
+            if self.hang_at_end:
+                await asyncio.Event().wait()
             if pending:
                 yield pcm(pending)
             yield stages_pb2.DecoderServerMessage(done=stages_pb2.DecodeDone(

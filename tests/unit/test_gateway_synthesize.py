@@ -52,8 +52,10 @@ def test_stream_order_metadata_and_pcm16_content() -> None:
             assert meta.text_feeding == tts_pb2.TEXT_FEEDING_NON_STREAMING
             for field in ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
                           "subtalker_do_sample", "subtalker_temperature", "subtalker_top_k",
-                          "subtalker_top_p", "seed", "max_new_tokens"):
+                          "subtalker_top_p", "seed"):
                 assert meta.sampling.HasField(field), field
+            # unset max_new_tokens stays unset: the talker applies its length guard
+            assert not meta.sampling.HasField("max_new_tokens")
             # what the stages got
             sent = h.talker.requests[-1]
             assert (sent.request_id, sent.speaker, sent.language, sent.text) == \
@@ -87,6 +89,7 @@ def test_stream_order_metadata_and_pcm16_content() -> None:
                                                                      temperature=0.5)))
             assert meta2.request_id == "mine"
             assert (meta2.sampling.seed, meta2.sampling.temperature) == (42, 0.5)
+            assert h.talker.requests[-1].sampling.max_new_tokens == 4
             assert summary2.frames == 3 and summary2.finish_reason == tts_pb2.FINISH_REASON_LENGTH
             assert h.servicer.active_streams == 0
 
@@ -232,7 +235,7 @@ def test_client_cancel_and_deadline_stop_the_talker() -> None:
             assert (await call.read()).WhichOneof("payload") == "audio"
             call.cancel()
             await asyncio.wait_for(h.talker.stopped.wait(), 3)
-            assert h.talker.cancel_messages + h.talker.cancelled_calls >= 1
+            assert h.talker.cancel_messages + h.talker.rpc_cancelled >= 1
             for _ in range(100):
                 if h.servicer.active_streams == 0 and h.decoder.cancelled_calls:
                     break
@@ -256,6 +259,19 @@ def test_upstream_errors_propagate() -> None:
             err = await expect_rpc_error(h.stub.Synthesize(request(text="talker-reject")))
             assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "talker" in err.details() and "fake talker rejects this" in err.details()
+
+    run(main())
+
+
+def test_silent_decoder_after_end_gives_unavailable() -> None:
+    async def main() -> None:
+        async with Harness(frames=3, stage_timeout_seconds=0.3) as h:
+            h.decoder.hang_at_end = True
+            started = time.monotonic()
+            err = await expect_rpc_error(h.stub.Synthesize(request()))
+            assert err.code() == grpc.StatusCode.UNAVAILABLE, err
+            assert "decoder stage unavailable: no output for 0.3 s" in err.details()
+            assert time.monotonic() - started < 3
 
     run(main())
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 import grpc
-from gateway.validation import (RequestLimits, default_sampling, resolve_sampling,
-                                resolve_streaming)
+from gateway.validation import (ABSOLUTE_MAX_NEW_TOKENS, RequestLimits, default_sampling,
+                                effective_model_info, resolve_sampling, resolve_streaming)
 from test_gateway_fakes import Harness, expect_rpc_error, model_info, run
 from tts_common.audio import encode_audio_file
 from tts_common.errors import InvalidRequestError
@@ -75,7 +75,7 @@ CUSTOM_VOICE_CASES: list[tuple[str, tts_pb2.SynthesizeRequest, grpc.StatusCode, 
     ("repetition penalty 0", cv(sampling=S(repetition_penalty=0)), INVALID,
      "sampling.repetition_penalty must be > 0"),
     ("max_new_tokens 1", cv(sampling=S(max_new_tokens=1)), INVALID,
-     "sampling.max_new_tokens must be in [2, 32768]"),
+     "sampling.max_new_tokens must be in [2, 4096]"),  # the talker's slot length
     ("max_new_tokens huge", cv(sampling=S(max_new_tokens=10**7)), INVALID,
      "sampling.max_new_tokens"),
     ("unknown encoding", cv(output=fmt(encoding=42)), INVALID, "unknown output.encoding 42"),
@@ -192,7 +192,9 @@ def test_resolve_sampling_fills_every_field_and_draws_a_seed() -> None:
     info = model_info("custom_voice").model
     resolved = resolve_sampling(S(top_k=0, do_sample=False), info)
     assert resolved.top_k == 0 and resolved.do_sample is False
-    assert resolved.temperature == pytest.approx(0.9) and resolved.max_new_tokens == 2048
+    assert resolved.temperature == pytest.approx(0.9)
+    assert not resolved.HasField("max_new_tokens")  # left to the talker's length guard
+    assert resolve_sampling(S(max_new_tokens=100), info).max_new_tokens == 100
     assert resolved.HasField("seed") and 0 <= resolved.seed < 2**31
     assert resolve_sampling(S(seed=2**64 - 1), info).seed == 2**64 - 1
     seeds = {resolve_sampling(S(), info).seed for _ in range(5)}
@@ -205,6 +207,13 @@ def test_resolve_sampling_fills_every_field_and_draws_a_seed() -> None:
     # fields missing from the talker's defaults fall back to the built-in ones
     info.default_sampling.ClearField("top_k")
     assert default_sampling(info).top_k == 50
+    # the limit the gateway applies: the talker's, else its slot length, else a fixed cap
+    talker = model_info("custom_voice")
+    assert effective_model_info(talker).max_new_tokens_limit == 4096
+    talker.max_seq_len = 0
+    assert effective_model_info(talker).max_new_tokens_limit == ABSOLUTE_MAX_NEW_TOKENS
+    talker.model.max_new_tokens_limit = 500
+    assert effective_model_info(talker).default_sampling.max_new_tokens == 500
 
 
 def test_resolve_streaming_defaults() -> None:

@@ -146,7 +146,7 @@ def test_register_voice_validation_and_model_info() -> None:
             info = await h.stub.GetModelInfo(tts_pb2.GetModelInfoRequest())
             assert info.model_type == "custom_voice" and not info.voice_clone_supported
             assert [s.name for s in info.speakers] == ["vivian", "ryan", "eric"]
-            assert info.max_new_tokens_limit == 32768
+            assert info.max_new_tokens_limit == 4096  # the talker's max_seq_len
             assert info.default_sampling.max_new_tokens == 2048
             assert not info.default_sampling.HasField("seed")
             listed = await h.stub.ListVoices(tts_pb2.ListVoicesRequest())
