@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
-import inspect
 import logging
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -492,10 +490,6 @@ def server_credentials(config: GatewayConfig) -> grpc.ServerCredentials | None:
                                        require_client_auth=client_ca is not None)
 
 
-def _build_server_takes_credentials() -> bool:
-    return "credentials" in inspect.signature(build_server).parameters
-
-
 def server_setup(servicer: GatewayServicer, config: GatewayConfig
                  ) -> tuple[Callable[[grpc.aio.Server], None], dict[str, Any]]:
     """``add_servicers`` and the extra ``build_server`` keyword arguments (API-key
@@ -504,20 +498,11 @@ def server_setup(servicer: GatewayServicer, config: GatewayConfig
     if config.api_keys:
         kwargs["interceptors"] = [ApiKeyInterceptor(config.api_keys, stage=STAGE)]
     credentials = server_credentials(config)
-    patch_port = False
     if credentials is not None:
-        if _build_server_takes_credentials():
-            kwargs["credentials"] = credentials
-        else:
-            patch_port = True
+        kwargs["credentials"] = credentials
 
     def add_servicers(server: grpc.aio.Server) -> None:
         tts_pb2_grpc.add_TextToSpeechServicer_to_server(servicer, server)
-        if patch_port:
-            # tts_common.serving.build_server binds with add_insecure_port(config.address)
-            # right after this callback; make that one call open the TLS port instead.
-            server.add_insecure_port = functools.partial(  # type: ignore[method-assign]
-                server.add_secure_port, server_credentials=credentials)
 
     return add_servicers, kwargs
 

@@ -72,7 +72,6 @@ def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
             subtalker_temperature=gen.subtalker_temperature, subtalker_top_k=gen.subtalker_top_k,
             subtalker_top_p=gen.subtalker_top_p, max_new_tokens=gen.max_new_tokens,
         ),
-        max_new_tokens_limit=0,
         dtype=str(model.dtype).removeprefix("torch."),
     )
 
@@ -253,8 +252,11 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     @handle_rpc_errors(stage="talker")
     async def GetModelInfo(self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> stages_pb2.TalkerInfo:  # noqa: N802
         model, _ = self._require()
+        info = model_info(model)
+        # Largest accepted max_new_tokens: a request's prompt and frames share one KV slot.
+        info.max_new_tokens_limit = self.engine_config.max_seq_len
         return stages_pb2.TalkerInfo(
-            model=model_info(model),
+            model=info,
             max_batch_size=self.engine_config.max_slots,
             max_seq_len=self.engine_config.max_seq_len,
             speaker_embedding_dim=model.config.model.talker.hidden_size,

@@ -399,8 +399,11 @@ def build_server(
     always_available: Sequence[str] = (),
     interceptors: Sequence[grpc.aio.ServerInterceptor] = (),
     options: Sequence[tuple[str, Any]] = (),
+    credentials: grpc.ServerCredentials | None = None,
 ) -> tuple[grpc.aio.Server, ServingHealth]:
     """Create (not start) a grpc.aio server bound to ``config.address``.
+
+    ``credentials``: serve TLS on the port (``grpc.ssl_server_credentials``); plaintext if None.
 
     ``add_servicers(server)`` registers the process's servicers; ``service_names`` are their
     fully-qualified names (see :func:`service_name`). The server also gets health, reflection and
@@ -423,7 +426,10 @@ def build_server(
     reflection.enable_server_reflection(
         [*service_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME], server)
     try:
-        port = server.add_insecure_port(config.address)
+        if credentials is None:
+            port = server.add_insecure_port(config.address)
+        else:
+            port = server.add_secure_port(config.address, credentials)
     except RuntimeError as exc:  # grpc raises on bind failure (older versions returned 0)
         raise RuntimeError(f"cannot bind gRPC server to {config.address}: {exc}") from exc
     if port == 0:
