@@ -130,10 +130,8 @@ class VoiceStore:
         self.directory.mkdir(parents=True, exist_ok=True)
         loaded = 0
         for path in sorted(self.directory.glob("voice-*.json")):
-            try:
-                voice = StoredVoice.from_json(json.loads(path.read_text(encoding="utf-8")))
-            except (OSError, ValueError, KeyError, TypeError) as exc:
-                logger.warning("skipping unreadable voice file %s: %s", path, exc)
+            voice = self._read(path)
+            if voice is None:
                 continue
             self._voices[voice.voice_id] = voice
             loaded += 1
@@ -147,11 +145,29 @@ class VoiceStore:
                                      v.voice_id))
 
     def get(self, voice_id: str) -> StoredVoice:
-        """The voice ``voice_id``; :class:`NotFoundError` if unknown."""
+        """The voice ``voice_id``; :class:`NotFoundError` if unknown.
+
+        A miss is looked up in the directory too: with several gateway replicas sharing one
+        voices directory, a voice registered through another replica is found without a restart.
+        """
         voice = self._voices.get(voice_id)
+        if voice is None and self.directory is not None and _VOICE_ID.match(voice_id):
+            voice = self._read(self.directory / f"{voice_id}.json")
+            if voice is not None and voice.voice_id == voice_id:
+                self._voices[voice_id] = voice
         if voice is None:
             raise NotFoundError(f"unknown voice_id {voice_id!r} (see ListVoices)")
         return voice
+
+    @staticmethod
+    def _read(path: Path) -> StoredVoice | None:
+        try:
+            return StoredVoice.from_json(json.loads(path.read_text(encoding="utf-8")))
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            logger.warning("skipping unreadable voice file %s: %s", path, exc)
+            return None
 
     def check_capacity(self) -> None:
         """:class:`CapacityError` if no further voice can be registered."""

@@ -176,3 +176,17 @@ def test_voice_store_skips_bad_files(tmp_path: Path) -> None:
     (tmp_path / "other.txt").write_text("ignored")
     store = VoiceStore(tmp_path)
     assert store.load() == 0 and len(store) == 0
+
+
+def test_voice_registered_by_another_replica_is_found_in_shared_directory(tmp_path):
+    import asyncio
+
+    from gateway.voices import StoredVoice, VoiceStore, new_voice_id
+    from tts_common.pb.qwen3tts.v1 import tts_pb2
+
+    writer, reader = VoiceStore(tmp_path), VoiceStore(tmp_path)
+    reader.load()
+    voice = StoredVoice(voice=tts_pb2.Voice(voice_id=new_voice_id(), name="v", x_vector_only=True),
+                        speaker_embedding=[0.5, -1.0], ref_codes=None)
+    asyncio.run(writer.add(voice))
+    assert reader.get(voice.voice_id).speaker_embedding == [0.5, -1.0]
