@@ -31,7 +31,7 @@ from tts_common.errors import CapacityError, FailedPreconditionError, InvalidReq
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import env_default
+from tts_common.stage_main import add_model_arguments, env_default
 
 from .model.codec_decoder import CodecDecoder
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
@@ -278,9 +278,7 @@ def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
     def env(name: str, default: str) -> str:
         return env_default("decoder", name, default)
 
-    parser.add_argument("--model", default=env("MODEL", ""), help="checkpoint directory (env QWEN3TTS_MODEL)")
-    parser.add_argument("--device", default=env("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
-    parser.add_argument("--dtype", default=env("DTYPE", "float32"), choices=["float32", "bfloat16"])
+    add_model_arguments(parser, "decoder")
     parser.add_argument("--max-streams", type=int, default=int(env("MAX_STREAMS", "64")))
 
 

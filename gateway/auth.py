@@ -10,12 +10,11 @@ from __future__ import annotations
 import hmac
 import logging
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from typing import Any
 
 import grpc
 
 from tts_common import metrics
-from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME
+from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME, aborting_handler
 
 logger = logging.getLogger(__name__)
 
@@ -84,24 +83,7 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             return handler
         logger.info("rejected %s: %s", method, code.name)
         metrics.REQUESTS.labels(stage=self._stage, status=code.name).inc()
-        return _aborting_handler(handler, code, details)
-
-
-def _aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
-                      details: str) -> grpc.RpcMethodHandler:
-    """A handler of the same RPC type as ``handler`` that fails every call with ``code``."""
-
-    async def abort(_request: Any, context: grpc.aio.ServicerContext) -> None:
-        await context.abort(code, details)
-
-    factory = {
-        (False, False): grpc.unary_unary_rpc_method_handler,
-        (False, True): grpc.unary_stream_rpc_method_handler,
-        (True, False): grpc.stream_unary_rpc_method_handler,
-        (True, True): grpc.stream_stream_rpc_method_handler,
-    }[(handler.request_streaming, handler.response_streaming)]
-    return factory(abort, request_deserializer=handler.request_deserializer,
-                   response_serializer=handler.response_serializer)
+        return aborting_handler(handler, code, details)
 
 
 __all__ = ["ApiKeyInterceptor", "OPEN_METHOD_PREFIXES", "extract_api_key"]

@@ -27,7 +27,7 @@ from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import env_default
+from tts_common.stage_main import add_model_arguments, env_default
 
 from .model.frontend import VoiceCloneFrontEnd
 
@@ -189,9 +189,7 @@ def add_speaker_arguments(parser: argparse.ArgumentParser) -> None:
     def env(name: str, default: str) -> str:
         return env_default("speaker", name, default)
 
-    parser.add_argument("--model", default=env("MODEL", ""), help="checkpoint directory (env QWEN3TTS_MODEL)")
-    parser.add_argument("--device", default=env("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
-    parser.add_argument("--dtype", default=env("DTYPE", "float32"), choices=["float32", "bfloat16"])
+    add_model_arguments(parser, "speaker")
     parser.add_argument("--cache-size", type=int, default=int(env("CACHE_SIZE", "256")))
     parser.add_argument("--max-audio-seconds", type=float, default=float(env("MAX_AUDIO_SECONDS", "60")))
 

@@ -26,7 +26,7 @@ from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import env_default
+from tts_common.stage_main import add_model_arguments, env_default
 
 from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from .model.loader import TalkerModel
@@ -270,9 +270,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     def env(name: str, default: str) -> str:
         return env_default("talker", name, default)
 
-    parser.add_argument("--model", default=env("MODEL", ""), help="checkpoint directory (env QWEN3TTS_MODEL)")
-    parser.add_argument("--device", default=env("DEVICE", "cuda" if torch.cuda.is_available() else "cpu"))
-    parser.add_argument("--dtype", default=env("DTYPE", "float32"), choices=["float32", "bfloat16"])
+    add_model_arguments(parser, "talker")
     parser.add_argument("--max-slots", type=int, default=int(env("MAX_SLOTS", "16")), help="concurrent requests")
     parser.add_argument("--max-seq-len", type=int, default=int(env("MAX_SEQ_LEN", "2048")), help="KV positions per slot")
     parser.add_argument("--max-waiting", type=int, default=int(env("MAX_WAITING", "64")), help="queued requests")

@@ -344,10 +344,10 @@ class _ReadinessInterceptor(grpc.aio.ServerInterceptor):
             return handler
         reason = ("shutting down" if self._health.shutting_down
                   else "not serving (starting up or unhealthy)")
-        return _aborting_handler(handler, grpc.StatusCode.UNAVAILABLE, f"server {reason}")
+        return aborting_handler(handler, grpc.StatusCode.UNAVAILABLE, f"server {reason}")
 
 
-def _aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
+def aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
                       details: str) -> grpc.RpcMethodHandler:
     """A handler of the same RPC type as ``handler`` that fails every call with ``code``."""
 
@@ -719,7 +719,7 @@ def resolve_request_id(explicit: str, context: grpc.aio.ServicerContext | None =
 
 __all__ = [
     "ENV_PREFIX", "HEALTH_SERVICE_NAME", "REFLECTION_SERVICE_NAME", "REQUEST_ID_METADATA_KEY",
-    "ServerConfig", "ServingHealth", "abort_for_exception", "add_server_arguments",
+    "ServerConfig", "ServingHealth", "abort_for_exception", "aborting_handler", "add_server_arguments",
     "bound_port", "build_server", "channel_options", "config_from_args", "env_names",
     "format_address", "grpc_status_for", "handle_rpc_errors", "new_request_id",
     "parse_server_args", "request_context", "resolve_request_id", "serve",

@@ -63,6 +63,18 @@ def run_stage_process(
     asyncio.run(run())
 
 
+def add_model_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
+    """``--model``, ``--device``, ``--dtype`` of a model stage (env ``QWEN3TTS_[<STAGE>_]MODEL`` ...)."""
+    import torch
+
+    parser.add_argument("--model", default=env_default(stage, "MODEL", ""),
+                        help="checkpoint directory in the official layout (env QWEN3TTS_MODEL)")
+    parser.add_argument("--device", default=env_default(stage, "DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
+                        help="torch device (env QWEN3TTS_DEVICE)")
+    parser.add_argument("--dtype", default=env_default(stage, "DTYPE", "float32"), choices=["float32", "bfloat16"],
+                        help="activation/weight dtype (env QWEN3TTS_DTYPE)")
+
+
 def env_default(stage: str, name: str, default: str) -> str:
     """``QWEN3TTS_<STAGE>_<NAME>``, else ``QWEN3TTS_<NAME>``, else ``default``."""
     import os

@@ -108,6 +108,12 @@ class DecoderSession:
     and their audio is not returned: the first sample :meth:`feed` returns is the first sample of
     the first generated frame in the decode of ``prefix ‖ generated``.
 
+    Voice clone: the official non-streaming code decodes ``ref ‖ generated`` and cuts
+    ``codec_decoder.icl_cut(...)`` samples, which for some length pairs (~4%) is one sample less
+    than ``P * samples_per_frame`` (its output then starts with the last reference sample). A
+    session always returns exactly the generated frames' samples, ``n * samples_per_frame`` per
+    chunk (what the internal Decoder API specifies).
+
     With ``fast_prefix`` the expensive high-rate conv stack only runs over the last
     ``decoder.back_receptive_frames()`` prefix frames (it is a causal FIR network, so its state
     after the prefix is the same); the transformer and upsampler run over the whole prefix.
@@ -250,8 +256,10 @@ class SessionBatcher:
     Static shapes let a CUDA caching allocator / CUDA graphs reuse work across steps. Batches
     larger than the largest batch bucket are split into groups; chunks longer than the largest
     frame bucket are decoded in several steps (exact: streaming is chunking-invariant).
-    ``use_cuda_graphs`` (cuda only; default: on when the decoder is on cuda) replays one captured
-    graph per bucket (``cuda_graphs.CudaGraphSteps``); on CPU every step runs eagerly.
+    ``pad_to_buckets`` (default: only on cuda — on CPU padded rows/frames are pure extra work)
+    pads every step to its bucket. ``use_cuda_graphs`` (cuda only; default: on when the decoder is
+    on cuda) replays one captured graph per bucket (``cuda_graphs.CudaGraphSteps``); on CPU every
+    step runs eagerly.
     """
 
     def __init__(
@@ -260,6 +268,7 @@ class SessionBatcher:
         batch_buckets: Sequence[int] = (1, 2, 4, 8, 16, 32),
         frame_buckets: Sequence[int] = (1, 2, 4, 8, 16, 25, 32),
         use_cuda_graphs: bool | None = None,
+        pad_to_buckets: bool | None = None,
     ) -> None:
         self.decoder = decoder
         self.batch_buckets = tuple(sorted(batch_buckets))
@@ -269,6 +278,9 @@ class SessionBatcher:
             use_cuda_graphs = on_cuda
         if use_cuda_graphs and not on_cuda:
             raise ValueError("CUDA graphs need a decoder on a cuda device")
+        self.pad_to_buckets = on_cuda if pad_to_buckets is None else pad_to_buckets
+        if use_cuda_graphs and not self.pad_to_buckets:
+            raise ValueError("CUDA graphs need static shapes (pad_to_buckets)")
         self.graphs: CudaGraphSteps | None = None
         if use_cuda_graphs:
             from .cuda_graphs import CudaGraphSteps
@@ -295,12 +307,15 @@ class SessionBatcher:
                 longest = max(int(c.shape[0]) for c in sub)
                 if longest == 0:
                     break
-                outs = _step_rows(
-                    dec, [sessions[i] for i in group], sub,
-                    batch_to=_bucket(len(group), self.batch_buckets),
-                    frames_to=_bucket(longest, self.frame_buckets),
-                    graphs=self.graphs,
-                )
+                if self.pad_to_buckets:
+                    outs = _step_rows(
+                        dec, [sessions[i] for i in group], sub,
+                        batch_to=_bucket(len(group), self.batch_buckets),
+                        frames_to=_bucket(longest, self.frame_buckets),
+                        graphs=self.graphs,
+                    )
+                else:
+                    outs = _step_rows(dec, [sessions[i] for i in group], sub)
                 for i, o in zip(group, outs):
                     pieces[i].append(o)
                 offset += max_n

@@ -115,12 +115,13 @@ def test_batched_equals_solo(small: CodecDecoder, data: st.DataObject, seed: int
     codes = [random_codes(small, 40, seed + i) for i in range(n_streams)]
     batched = [DecoderSession(small, codes[i][: prefixes[i]] if prefixes[i] else None) for i in range(n_streams)]
     solo = [DecoderSession(small, codes[i][: prefixes[i]] if prefixes[i] else None) for i in range(n_streams)]
-    bucketed = SessionBatcher(small, batch_buckets=(2, 8), frame_buckets=(3, 8))
+    bucketed = SessionBatcher(small, batch_buckets=(2, 8), frame_buckets=(3, 8), pad_to_buckets=True)
+    unpadded = SessionBatcher(small, batch_buckets=(2, 8), frame_buckets=(3, 8))
     pos = list(prefixes)
     for step in range(data.draw(st.integers(1, 6), label="steps")):
         sizes = [data.draw(st.integers(0, 9), label="n") for _ in range(n_streams)]
         chunks = [codes[i][pos[i] : pos[i] + sizes[i]] for i in range(n_streams)]
-        runner = advance_sessions if step % 2 == 0 else bucketed.advance
+        runner = (advance_sessions, bucketed.advance, unpadded.advance)[step % 3]
         outs = runner(batched, chunks)
         for i in range(n_streams):
             ref = solo[i].feed(chunks[i])
@@ -132,6 +133,25 @@ def test_batched_equals_solo(small: CodecDecoder, data: st.DataObject, seed: int
         assert b.position == s.position
         for key in s.state:
             assert b.state[key].shape == s.state[key].shape
+
+
+def test_conv_stack_row_groups_are_exact(small: CodecDecoder) -> None:
+    """On CPU the conv stack runs over groups of rows (cpu_back_group_frames): same output."""
+    codes = [random_codes(small, 12, 40 + i) for i in range(5)]
+    outs = {}
+    for group_frames in (None, 4):
+        small.cpu_back_group_frames = group_frames
+        try:
+            sessions = [DecoderSession(small) for _ in codes]
+            outs[group_frames] = [
+                advance_sessions(sessions, [c[:n] for c, n in zip(codes, (3, 1, 0, 3, 2))]),
+                advance_sessions(sessions, [c[3:] for c in codes]),
+            ]
+        finally:
+            small.cpu_back_group_frames = 32
+    for a, b in zip(outs[None], outs[4]):
+        for x, y in zip(a, b):
+            assert x.shape == y.shape and (x.numel() == 0 or float((x - y).abs().max()) < EXACT)
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_NAMES)
