@@ -123,7 +123,10 @@ class TalkerRunner:
         if self._graphs is not None:
             return self._graphs.step(index, trailing, talker_noise, cp_noise, requests)
         rows = self.table.rows(index)
-        rows.slots = index
+        slots = [r.slot for r in requests]
+        # Rows in slots 0..B-1 (the common case, see Scheduler) read the cache through views;
+        # otherwise K/V are gathered and scattered by slot index.
+        rows.slots = None if slots == list(range(len(slots))) else index
         # Host-side bookkeeping gives the longest attended prefix without a device sync.
         attend_len = max(r.prompt_len + r.frames_emitted for r in requests) + 1
         out = decode_step(self.talker, self.cache, rows, trailing, attend_len, talker_noise, cp_noise)

@@ -9,6 +9,7 @@ cancellation. The engine loop calls, once per iteration: :meth:`drop_cancelled`,
 
 from __future__ import annotations
 
+import heapq
 from collections import deque
 
 from tts_common.errors import CapacityError
@@ -24,7 +25,9 @@ class Scheduler:
         self.config = config
         self.waiting: deque[EngineRequest] = deque()
         self.running: dict[int, EngineRequest] = {}
-        self._free_slots: list[int] = list(range(config.max_slots - 1, -1, -1))
+        # A min-heap: the lowest free slot is taken first, so running requests tend to occupy
+        # slots 0..B-1 and the step can use cache views instead of gathering by slot index.
+        self._free_slots: list[int] = list(range(config.max_slots))
 
     @property
     def num_running(self) -> int:
@@ -76,7 +79,7 @@ class Scheduler:
             if admitted and request.prompt_len > budget:
                 break
             self.waiting.popleft()
-            request.slot = self._free_slots.pop()
+            request.slot = heapq.heappop(self._free_slots)
             self.running[request.slot] = request
             admitted.append(request)
             budget -= request.prompt_len
@@ -90,5 +93,5 @@ class Scheduler:
         """Free the request's slot (idempotent)."""
         if request.slot is not None and self.running.get(request.slot) is request:
             del self.running[request.slot]
-            self._free_slots.append(request.slot)
+            heapq.heappush(self._free_slots, request.slot)
         request.slot = None
