@@ -110,8 +110,11 @@ def cmd_make_dev_model(args: argparse.Namespace) -> int:
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
     p.add_argument("--model", type=Path, help="checkpoint directory (default: the dev checkpoint)")
-    p.add_argument("--dev-model-dir", type=Path, default=Path(".dev-model"), help="where the dev checkpoint lives")
-    p.add_argument("--dev-model-type", default="base", choices=["custom_voice", "base", "voice_design"])
+    p.add_argument("--dev-model-dir", type=Path, default=Path(".dev-model"),
+                   help="where dev checkpoints live (one sub-folder per type)")
+    p.add_argument("--dev-model-type", default="voice_design", choices=["custom_voice", "base", "voice_design"],
+                   help="dev checkpoint type: voice_design (no voice needed), custom_voice (preset speakers) "
+                        "or base (voice cloning through the speaker stage)")
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (stages always on loopback)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")

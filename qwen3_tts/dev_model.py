@@ -31,7 +31,7 @@ GENERATION_CONFIG = {
     "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,
     "subtalker_top_k": 50, "max_new_tokens": 8192,
 }
-EOS_LOGIT_SCALE = 4.0
+EOS_LOGIT_SCALE = 2.0
 """The EOS row of the codec head is scaled so random dev models end utterances within a few
 seconds instead of running to the frame budget."""
 

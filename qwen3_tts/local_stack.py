@@ -95,7 +95,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
     if model is None:
         from .dev_model import make_dev_model
 
-        model = args.dev_model_dir
+        model = args.dev_model_dir / args.dev_model_type
         if not (model / "config.json").is_file():
             print(f"creating the dev checkpoint ({args.dev_model_type}) in {model} ...", flush=True)
         make_dev_model(model, args.dev_model_type, if_missing=True)

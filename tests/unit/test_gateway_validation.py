@@ -154,11 +154,11 @@ def test_base_model_validation_errors() -> None:
     run(main())
 
 
-def test_voice_design_requires_instruct_and_no_voice() -> None:
+def test_voice_design_takes_optional_instruct_and_no_voice() -> None:
     async def main() -> None:
         async with Harness("voice_design") as h:
-            err = await expect_rpc_error(h.stub.Synthesize(tts_pb2.SynthesizeRequest(text="Hi")))
-            assert err.code() == INVALID and "instruct is required" in err.details()
+            await h.synthesize(tts_pb2.SynthesizeRequest(text="Hi"))  # no instruct, as the official allows
+            assert h.talker.requests[-1].instruct == ""
             err = await expect_rpc_error(h.stub.Synthesize(cv(instruct="warm voice")))
             assert err.code() == INVALID and "preset speakers need a custom_voice" in err.details()
             meta, chunks, _ = await h.synthesize(tts_pb2.SynthesizeRequest(
