@@ -84,6 +84,26 @@ def test_streaming_equals_whole_decode_any_chunking(
     assert float((out - whole[prefix_frames * spf :]).abs().max()) < EXACT
 
 
+@pytest.fixture(scope="module")
+def small_window72() -> CodecDecoder:
+    """Small random decoder with the real 72-frame attention window (long-utterance property)."""
+    return init_random_weights(CodecDecoder(small_config(sliding_window=72)), seed=11).eval()
+
+
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data(), frames=st.integers(301, 360), seed=st.integers(0, 1000))
+def test_long_utterances_any_chunking_window_72(small_window72: CodecDecoder, data: st.DataObject, frames: int, seed: int) -> None:
+    """> 300 frames, random chunkings with frequent 1-frame chunks: streamed == whole within 1e-5."""
+    dec = small_window72
+    codes = random_codes(dec, frames, seed)
+    sizes = data.draw(
+        st.lists(st.one_of(st.just(1), st.integers(1, 40)), min_size=1, max_size=frames).map(lambda xs: _fit(xs, frames)),
+        label="chunks",
+    )
+    out = stream(dec, codes, sizes)
+    assert float((out - dec.decode(codes)).abs().max()) < EXACT
+
+
 def test_one_frame_chunks(small: CodecDecoder) -> None:
     codes = random_codes(small, 30, 1)
     out = stream(small, codes, [1] * 30)
