@@ -47,6 +47,7 @@ from unittest import mock
 import pytest
 import yaml
 
+from tts_common.stage_main import STAGE_DEFAULT_HOST
 from tts_common.serving import (
     ServerConfig,
     add_server_arguments,
@@ -391,7 +392,9 @@ def server_config(stage: str, argv: list[str], env: Mapping[str, str]) -> Server
     module) and environment ``env``, parsed by the servers' own flag code (process-specific flags
     such as ``--model`` are ignored here)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_server_arguments(parser, stage=stage, default_port=DEFAULT_PORTS[stage], env=env)
+    default_host = STAGE_DEFAULT_HOST if stage != "gateway" else None
+    add_server_arguments(parser, stage=stage, default_port=DEFAULT_PORTS[stage], env=env,
+                         default_host=default_host)
     namespace, _unknown = parser.parse_known_args(argv)
     return config_from_args(namespace)
 
@@ -422,8 +425,10 @@ def process_args(stage: str, argv: list[str], env: Mapping[str, str]) -> argpars
         parser = argparse.ArgumentParser(prog=stage)
         add_arguments(parser)
         try:
+            # Model stages default to loopback (tts_common.stage_main); the gateway does not.
+            default_host = STAGE_DEFAULT_HOST if stage != "gateway" else None
             _, namespace = parse_server_args(argv, stage=stage, default_port=DEFAULT_PORTS[stage],
-                                             parser=parser, env=env)
+                                             parser=parser, env=env, default_host=default_host)
         except SystemExit:
             pytest.fail(f"{stage} rejects {argv}: {stderr.getvalue()}")
     return namespace

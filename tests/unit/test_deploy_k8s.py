@@ -32,6 +32,7 @@ import yaml
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving import ServerConfig, add_server_arguments, config_from_args, service_name
+from tts_common.stage_main import STAGE_DEFAULT_HOST
 
 REPO = Path(__file__).resolve().parents[2]
 K8S = REPO / "deploy" / "k8s"
@@ -103,8 +104,11 @@ def container_env(pod_spec: dict[str, Any]) -> dict[str, str]:
 
 
 def server_config(stage: str, argv: list[str], env: dict[str, str]) -> ServerConfig:
+    """The ServerConfig the stage process derives from ``argv`` and ``env`` (stages default to
+    loopback, like ``tts_common.stage_main``)."""
     parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_server_arguments(parser, stage=stage, default_port=DEFAULT_PORTS[stage], env=env)
+    add_server_arguments(parser, stage=stage, default_port=DEFAULT_PORTS[stage], env=env,
+                         default_host=STAGE_DEFAULT_HOST if stage != "gateway" else None)
     namespace, _unknown = parser.parse_known_args(argv)
     return config_from_args(namespace)
 
@@ -237,6 +241,8 @@ def test_modules_are_packages_of_the_project() -> None:
 
 def test_ports_probes_and_annotations_follow_the_process_flags() -> None:
     for stage, deployment, config in stage_deployments():
+        # Probes and other pods connect to the pod IP: a loopback bind would be unreachable.
+        assert config.host not in ("127.0.0.1", "localhost", "::1", "[::1]"), (stage, config.host)
         ports = container_ports(deployment)
         assert ports["grpc"] == config.port, stage
         assert ports["metrics"] == config.metrics_port, stage
@@ -467,5 +473,5 @@ def test_configmap_names_are_read_by_some_process() -> None:
         assert key.startswith("QWEN3TTS_"), key
         rest = key.removeprefix("QWEN3TTS_")
         first = rest.split("_", 1)[0].lower()
-        assert first in stages or rest in {"MODEL", "DEV_MODEL", "GRACE_SECONDS", "LOG_LEVEL"}, key
+        assert first in stages or rest in {"MODEL", "DEV_MODEL", "GRACE_SECONDS", "LOG_LEVEL", "HOST"}, key
         assert not rest.endswith("_PORT"), f"{key}: ports are set per Deployment by flag"
