@@ -8,7 +8,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-import torch
 
 from ..model.prompt import TalkerPrompt
 from ..model.sampling import RequestNoise, SamplingParams

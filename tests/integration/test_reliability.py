@@ -17,7 +17,7 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import CKPT_DIR, REFERENCE_DIR
+from conftest import CKPT_DIR
 from stack import running_stack, start_stage, wait_for
 from qwen3_tts.local_stack import is_serving
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import threading
-import time
 
 import grpc
 import numpy as np
