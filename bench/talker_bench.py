@@ -139,6 +139,7 @@ def main() -> None:
     ap.add_argument("--frames", type=int, default=32, help="frames per request")
     ap.add_argument("--prefill-len", type=int, default=20)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
+    ap.add_argument("--repeat", type=int, default=2, help="runs per configuration; the best is reported")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -147,15 +148,20 @@ def main() -> None:
     model = build_model(args.size, dtype)
     print(f"built random {args.size} talker ({sum(p.numel() for p in model.talker.parameters())/1e6:.0f} M params) "
           f"in {time.perf_counter()-t0:.1f} s; threads={args.threads} dtype={args.dtype}")
-    results: dict = {"size": args.size, "dtype": args.dtype, "threads": args.threads, "frames": args.frames}
-    results["offline_batch1"] = off = bench_offline(model, args.frames, args.prefill_len)
+    results: dict = {"size": args.size, "dtype": args.dtype, "threads": args.threads, "frames": args.frames,
+                     "repeat": args.repeat}
+    # Best of --repeat runs: on a shared machine interference only ever slows a run down.
+    off = min((bench_offline(model, args.frames, args.prefill_len) for _ in range(args.repeat)),
+              key=lambda r: r["ms_per_frame"])
+    results["offline_batch1"] = off
     print(f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s)")
     results["engine"] = []
     print(f"{'N':>3} {'agg frames/s (all)':>19} {'steady agg frames/s':>20} {'x offline b1':>13} "
           f"{'per-req frames/s':>17} {'TTFF new (ms)':>14}")
     base = off["frames_per_s"]
     for n in [int(x) for x in args.concurrency.split(",")]:
-        r = bench_engine(model, n, args.frames, args.prefill_len)
+        r = max((bench_engine(model, n, args.frames, args.prefill_len) for _ in range(args.repeat)),
+                key=lambda r: r["steady_state_aggregate_frames_per_s"])
         results["engine"].append(r)
         print(f"{n:>3} {r['aggregate_frames_per_s']:>19.2f} {r['steady_state_aggregate_frames_per_s']:>20.2f} "
               f"{r['steady_state_aggregate_frames_per_s']/base:>13.2f} {r['per_request_frames_per_s_mean']:>17.2f} "
