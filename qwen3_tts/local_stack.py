@@ -34,6 +34,9 @@ def stage_commands(model: Path, host: str, port: int, base_port: int, device: st
     py = [sys.executable, "-m"]
     talker, decoder, speaker = base_port, base_port + 1, base_port + 2
     dev = ["--device", device] if device else []
+    if device in (None, "cpu"):
+        # Three model stages share this host's cores: one torch thread each avoids oversubscription.
+        dev += ["--threads", "1"]
 
     def metrics_flag(offset: int) -> list[str]:
         return ["--metrics-port", str(9091 + offset)] if metrics else []

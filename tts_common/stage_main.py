@@ -49,6 +49,10 @@ def run_stage_process(
     if not getattr(args, "model", ""):
         parser.error("--model (or QWEN3TTS_MODEL) is required")
     setup_logging(config.log_level, stage=stage)
+    if getattr(args, "threads", 0) > 0:
+        import torch
+
+        torch.set_num_threads(args.threads)
     servicer = build_servicer(args)
 
     async def run() -> None:
@@ -73,6 +77,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
                         help="torch device (env QWEN3TTS_DEVICE)")
     parser.add_argument("--dtype", default=env_default(stage, "DTYPE", "float32"), choices=["float32", "bfloat16"],
                         help="activation/weight dtype (env QWEN3TTS_DTYPE)")
+    parser.add_argument("--threads", type=int, default=int(env_default(stage, "THREADS", "0")),
+                        help="CPU threads for torch (0 = torch's default); set it when several stages "
+                             "share a CPU host (env QWEN3TTS_THREADS)")
 
 
 def env_default(stage: str, name: str, default: str) -> str:
