@@ -164,17 +164,20 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         """Re-fetch the model info before the next request (e.g. after a talker failure)."""
         self._info_stale = True
 
+    def _cached_info(self) -> stages_pb2.TalkerInfo | None:
+        """The cached talker info if it is still fresh, else None."""
+        fresh = (not self._info_stale
+                 and time.monotonic() - self._info_at < self.config.model_info_ttl_seconds)
+        return self._info if fresh else None
+
     async def talker_info(self) -> stages_pb2.TalkerInfo:
         """The cached talker info, refreshed when stale; if the refresh fails the cached copy
         is used (UNAVAILABLE if there is none)."""
-        age = time.monotonic() - self._info_at
-        if self._info is not None and not self._info_stale \
-                and age < self.config.model_info_ttl_seconds:
-            return self._info
+        if (info := self._cached_info()) is not None:
+            return info
         async with self._info_lock:
-            if self._info is not None and not self._info_stale and \
-                    time.monotonic() - self._info_at < self.config.model_info_ttl_seconds:
-                return self._info  # refreshed by a concurrent request
+            if (info := self._cached_info()) is not None:
+                return info  # refreshed by a concurrent request
             try:
                 return await self._fetch_info(min(_INFO_REFRESH_TIMEOUT_S,
                                                   self.config.stage_timeout_seconds))

@@ -15,7 +15,8 @@ from __future__ import annotations
 import math
 import secrets
 from dataclasses import dataclass
-from typing import Literal
+from collections.abc import Callable
+from typing import Any, Literal
 
 from tts_common.audio import AudioError, AudioLimits, load_audio
 from tts_common.errors import InvalidRequestError
@@ -227,6 +228,18 @@ def _check_top_k(name: str, value: int) -> None:
         raise _fail(f"sampling.{name} must be >= 0 (0 disables top-k), got {value}")
 
 
+_SAMPLING_CHECKS: tuple[tuple[str, Callable[[str, Any], None]], ...] = (
+    ("temperature", _check_positive),
+    ("subtalker_temperature", _check_positive),
+    ("top_p", _check_top_p),
+    ("subtalker_top_p", _check_top_p),
+    ("top_k", _check_top_k),
+    ("subtalker_top_k", _check_top_k),
+    ("repetition_penalty", _check_positive),
+)
+"""Range checks of the client-set sampling fields (max_new_tokens is checked against the model)."""
+
+
 def new_seed() -> int:
     """A random seed below 2**31 (fits every RNG API and JSON clients' numbers)."""
     return secrets.randbelow(2**31)
@@ -236,20 +249,9 @@ def resolve_sampling(options: tts_pb2.SamplingOptions,
                      info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
     """Client values (checked) over the model defaults: every field set, the seed drawn if the
     client gave none; ``max_new_tokens`` only if the client set it (see the comment below)."""
-    if options.HasField("temperature"):
-        _check_positive("temperature", options.temperature)
-    if options.HasField("subtalker_temperature"):
-        _check_positive("subtalker_temperature", options.subtalker_temperature)
-    if options.HasField("top_p"):
-        _check_top_p("top_p", options.top_p)
-    if options.HasField("subtalker_top_p"):
-        _check_top_p("subtalker_top_p", options.subtalker_top_p)
-    if options.HasField("top_k"):
-        _check_top_k("top_k", options.top_k)
-    if options.HasField("subtalker_top_k"):
-        _check_top_k("subtalker_top_k", options.subtalker_top_k)
-    if options.HasField("repetition_penalty"):
-        _check_positive("repetition_penalty", options.repetition_penalty)
+    for name, check in _SAMPLING_CHECKS:
+        if options.HasField(name):
+            check(name, getattr(options, name))
     if options.HasField("max_new_tokens"):
         limit = info.max_new_tokens_limit or ABSOLUTE_MAX_NEW_TOKENS
         if not 2 <= options.max_new_tokens <= limit:
