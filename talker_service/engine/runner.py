@@ -18,7 +18,7 @@ from dataclasses import fields
 
 import torch
 
-from ..model.sampling import RequestNoise, SamplingParams, SamplingTensors
+from ..model.sampling import RequestNoise, SamplingParams, SamplingTensors, step_noise
 from ..model.step import DecodeState, StepOutput, decode_step, prefill
 from ..model.talker import KVCache, Talker
 from .config import EngineConfig
@@ -92,34 +92,16 @@ class TalkerRunner:
 
     def _trailing_rows(self, requests: list[EngineRequest]) -> torch.Tensor:
         """[B, H]: each row's next trailing text embedding, or tts_pad once exhausted."""
-        rows = []
-        for r in requests:
-            g = r.frames_emitted
-            trailing = r.prompt.trailing
-            rows.append(trailing[g] if g < trailing.shape[0] else r.prompt.tts_pad)
+        rows = [r.prompt.trailing_row(r.frames_emitted) for r in requests]
         return torch.stack(rows).to(self.device, self.dtype)
-
-    def _noise(self, requests: list[EngineRequest]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """Per-row Gumbel noise in each request's draw order (CP draws, then the talker draw)."""
-        any_talker = any(r.sampling.do_sample for r in requests)
-        any_cp = any(r.sampling.subtalker_dosample for r in requests)
-        if not (any_talker or any_cp):
-            return None, None
-        cp_rows, talker_rows = [], []
-        for r in requests:
-            assert r.noise is not None
-            cp, tk = r.noise.step()
-            cp_rows.append(cp)
-            talker_rows.append(tk)
-        talker_noise = torch.stack(talker_rows) if any_talker else None
-        cp_noise = torch.stack(cp_rows) if any_cp else None
-        return talker_noise, cp_noise
 
     def step(self, requests: list[EngineRequest]) -> StepOutput:
         """One decode step for ``requests`` (each in its slot); outputs on the model device."""
         index = torch.tensor([r.slot for r in requests], device=self.device, dtype=torch.int64)
         trailing = self._trailing_rows(requests)
-        talker_noise, cp_noise = self._noise(requests)
+        noises = [r.noise for r in requests]
+        assert all(n is not None for n in noises), "noise streams are created at prefill"
+        talker_noise, cp_noise = step_noise(noises)  # type: ignore[arg-type]
         if self._graphs is not None:
             return self._graphs.step(index, trailing, talker_noise, cp_noise, requests)
         rows = self.table.rows(index)

@@ -14,7 +14,7 @@ import torch
 
 from .loader import TalkerModel
 from .prompt import SynthesisRequest, TalkerPrompt
-from .sampling import RequestNoise, SamplingParams, SamplingTensors
+from .sampling import RequestNoise, SamplingParams, SamplingTensors, step_noise
 from .step import DecodeState, decode_step, prefill
 
 
@@ -59,18 +59,13 @@ def iter_frames(
     talker, device = model.talker, model.device
     tcfg = model.config.model.talker
     cp_steps = tcfg.code_predictor.num_code_groups - 1
-    noises = [
-        RequestNoise(p, tcfg.vocab_size, tcfg.code_predictor.vocab_size, cp_steps, device)
-        if (p.do_sample or p.subtalker_dosample)
-        else None
-        for p in plist
-    ]
+    noises = [RequestNoise(p, tcfg.vocab_size, tcfg.code_predictor.vocab_size, cp_steps, device) for p in plist]
     prefill_lens = [p.prefill_len for p in prompts]
     cache = model.allocate_cache(n, max(prefill_lens) + max_new_tokens)
 
     states = []
     for i, (prompt, p) in enumerate(zip(prompts, plist)):
-        noise = noises[i].talker() if (noises[i] is not None and p.do_sample) else None
+        noise = noises[i].talker() if p.do_sample else None
         states.append(prefill(talker, cache, i, prompt.prefill, SamplingTensors.stack([p], device), noise))
     state = DecodeState.cat(states)
     first = state.last_code0.tolist()
@@ -85,28 +80,8 @@ def iter_frames(
     for step in range(max_new_tokens - 1):
         if not active:
             break
-        trailing = torch.stack(
-            [
-                prompts[i].trailing[step] if step < prompts[i].trailing.shape[0] else prompts[i].tts_pad
-                for i in active
-            ]
-        )
-        talker_noise = cp_noise = None
-        if any(plist[i].subtalker_dosample for i in active) or any(plist[i].do_sample for i in active):
-            cps, tks = [], []
-            for i in active:
-                nz = noises[i]
-                if nz is None:
-                    cps.append(torch.zeros(cp_steps, tcfg.code_predictor.vocab_size, device=device))
-                    tks.append(torch.zeros(tcfg.vocab_size, device=device))
-                else:
-                    cp, tk = nz.step()
-                    cps.append(cp)
-                    tks.append(tk)
-            if any(plist[i].subtalker_dosample for i in active):
-                cp_noise = torch.stack(cps)
-            if any(plist[i].do_sample for i in active):
-                talker_noise = torch.stack(tks)
+        trailing = torch.stack([prompts[i].trailing_row(step) for i in active])
+        talker_noise, cp_noise = step_noise([noises[i] for i in active])
         attend_len = max(prefill_lens[i] for i in active) + step + 1
         out = decode_step(talker, cache, state, trailing, attend_len, talker_noise, cp_noise)
         frames = out.frame_codes.cpu()

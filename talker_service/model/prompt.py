@@ -65,6 +65,10 @@ class TalkerPrompt:
     def prefill_len(self) -> int:
         return self.prefill.shape[0]
 
+    def trailing_row(self, step: int) -> torch.Tensor:
+        """[H] text row fed at decode step ``step``: ``trailing[step]``, tts_pad once exhausted."""
+        return self.trailing[step] if step < self.trailing.shape[0] else self.tts_pad
+
 
 def default_non_streaming(tts_model_type: str | None) -> bool:
     """Official per-type default: custom_voice / voice_design non-streaming, base streaming."""

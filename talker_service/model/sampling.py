@@ -19,6 +19,7 @@ Draw order per request (only the enabled stages draw):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
@@ -218,3 +219,15 @@ class RequestNoise:
         if not self.params.subtalker_dosample:
             return torch.zeros(self.cp_steps, self.cp_vocab, device=self.device)
         return self._gumbel(self.cp_steps, self.cp_vocab)
+
+
+def step_noise(noises: Sequence[RequestNoise]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+    """One decode step's Gumbel noise for a batch: (talker [B, V] or None, code predictor
+    [B, G-1, V_cp] or None). Each request draws in its own order (code predictor, then talker);
+    a stage is None when no row samples there (a static choice for the step function)."""
+    any_talker = any(n.params.do_sample for n in noises)
+    any_cp = any(n.params.subtalker_dosample for n in noises)
+    if not (any_talker or any_cp):
+        return None, None
+    cp_rows, talker_rows = zip(*(n.step() for n in noises))
+    return (torch.stack(talker_rows) if any_talker else None, torch.stack(cp_rows) if any_cp else None)
