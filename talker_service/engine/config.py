@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 
 @dataclass
@@ -20,8 +20,6 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = 256
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    attend_len_bucket: int = 64
-    """On CUDA the attended cache length is rounded up to a multiple of this (graph reuse)."""
     use_cuda_graphs: bool = True
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
     default_budget_base_frames: int = 125
@@ -30,8 +28,6 @@ class EngineConfig:
     """About 0.8 s of audio per text token, far above natural speech (0.2-0.4 s)."""
     device: str = "cpu"
     dtype: str = "float32"
-    extra: dict[str, str] = field(default_factory=dict)
-    """Free-form settings logged at start-up (for operators)."""
 
     def bucket_for(self, batch: int) -> int:
         """Smallest configured bucket that holds ``batch`` rows (``batch`` itself past the last)."""
