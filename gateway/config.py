@@ -15,7 +15,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from tts_common.serving import env_names
+from tts_common.serving import env_names, env_value
 
 STAGE = "gateway"
 DEFAULT_PORT = 50051
@@ -171,12 +171,7 @@ def add_gateway_arguments(parser: argparse.ArgumentParser,
     group = parser.add_argument_group("gateway")
     for dest, flag, type_, default, help_text in _FLAGS:
         names = env_names(STAGE, dest)
-        value: Any = default
-        for name in names:
-            if environ.get(name, "") != "":
-                value = environ[name]  # a string: argparse converts it with `type_`
-                break
-        group.add_argument(flag, dest=dest, type=type_, default=value,
+        group.add_argument(flag, dest=dest, type=type_, default=env_value(names, environ, default),
                            help=f"{help_text} (env {' / '.join(names)}; default %(default)s)")
 
 

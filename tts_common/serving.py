@@ -152,6 +152,15 @@ def env_names(stage: str, field: str, *, stage_independent: bool = True) -> list
     return names
 
 
+def env_value(names: Sequence[str], environ: Mapping[str, str], default: Any) -> Any:
+    """The first of ``names`` set (non-empty) in ``environ``, as a string (argparse converts it
+    with the flag's type, so a malformed value is a usage error), else ``default``."""
+    for name in names:
+        if environ.get(name, "") != "":
+            return environ[name]
+    return default
+
+
 def add_server_arguments(
     parser: argparse.ArgumentParser,
     *,
@@ -176,11 +185,7 @@ def add_server_arguments(
     group = parser.add_argument_group("server")
     for field, flag, type_, help_text, stage_independent in _FLAGS:
         names = env_names(stage, field, stage_independent=stage_independent)
-        default: Any = getattr(defaults, field)
-        for name in names:
-            if environ.get(name, "") != "":
-                default = environ[name]  # a string: argparse converts it with `type_`
-                break
+        default: Any = env_value(names, environ, getattr(defaults, field))
         group.add_argument(flag, dest=field, type=type_, default=default,
                            help=f"{help_text} (env {' / '.join(names)}; default %(default)s)")
     parser.set_defaults(_qwen3tts_stage=stage)
@@ -720,7 +725,7 @@ def resolve_request_id(explicit: str, context: grpc.aio.ServicerContext | None =
 __all__ = [
     "ENV_PREFIX", "HEALTH_SERVICE_NAME", "REFLECTION_SERVICE_NAME", "REQUEST_ID_METADATA_KEY",
     "ServerConfig", "ServingHealth", "abort_for_exception", "aborting_handler", "add_server_arguments",
-    "bound_port", "build_server", "channel_options", "config_from_args", "env_names",
+    "bound_port", "build_server", "channel_options", "config_from_args", "env_names", "env_value",
     "format_address", "grpc_status_for", "handle_rpc_errors", "new_request_id",
     "parse_server_args", "request_context", "resolve_request_id", "serve",
     "serve_until_signal", "server_options", "service_name", "setup_logging",
