@@ -7,7 +7,8 @@ Builds a talker with random weights at the REAL dimensions of a released checkpo
   * time from a request's arrival to its first frame while N-1 others are running.
 
 Example (the figures in the issue notes):
-    python bench/talker_bench.py --size 0b6 --threads 2 --frames 24 --json bench/results/talker.json
+    python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 2 --json bench/results/talker.json
+(``--linear torch`` measures torch's own linear kernels instead of the pre-packed oneDNN ones.)
 """
 
 from __future__ import annotations
@@ -27,16 +28,20 @@ from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.sampling import SamplingParams
 from talker_service.model.talker import Talker
+from tts_common.compute_thread import call_in_fresh_thread
 from tts_common.config import CheckpointConfig, GenerationDefaults, SpeechTokenizerConfig
+from tts_common.onednn_linear import use_onednn_linears
 from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
 
 
-def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
+def build_model(size: str, dtype: torch.dtype, onednn_linears: bool = True) -> TalkerModel:
     cfg = release_model_config(size, "custom_voice")
     torch.manual_seed(0)
     talker = Talker(cfg.talker).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
         talker.codec_head.weight[cfg.talker.codec_eos_token_id].zero_()  # fixed-length runs
+    if onednn_linears:
+        use_onednn_linears(talker)  # as TalkerModel.from_checkpoint does on CPU float32
     ckpt = CheckpointConfig(
         path=Path("."),
         model=cfg,
@@ -69,7 +74,8 @@ def bench_offline(model: TalkerModel, frames: int, prefill_len: int) -> dict:
 
 
 def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len: int) -> dict:
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8))
+    config = EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8)
+    engine = call_in_fresh_thread(TalkerEngine, model.talker, config)  # allocates the KV cache
     engine.start()
     done = threading.Event()
     lock = threading.Lock()
@@ -140,18 +146,22 @@ def main() -> None:
     ap.add_argument("--prefill-len", type=int, default=20)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--repeat", type=int, default=2, help="runs per configuration; the best is reported")
+    ap.add_argument("--linear", default="onednn", choices=["onednn", "torch"],
+                    help="CPU float32 linear kernels: pre-packed oneDNN (the loader's default) or torch's")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     dtype = getattr(torch, args.dtype)
     t0 = time.perf_counter()
-    model = build_model(args.size, dtype)
-    print(f"built random {args.size} talker ({sum(p.numel() for p in model.talker.parameters())/1e6:.0f} M params) "
-          f"in {time.perf_counter()-t0:.1f} s; threads={args.threads} dtype={args.dtype}")
+    # Every compute runs off the main thread, in threads that exit, except the engine's loop: as
+    # in the talker server (tts_common.compute_thread explains why it matters on CPU).
+    model = call_in_fresh_thread(build_model, args.size, dtype, args.linear == "onednn")
+    print(f"built random {args.size} talker ({sum(t.numel() for t in model.talker.state_dict().values())/1e6:.0f} M "
+          f"params) in {time.perf_counter()-t0:.1f} s; threads={args.threads} dtype={args.dtype} linear={args.linear}")
     results: dict = {"size": args.size, "dtype": args.dtype, "threads": args.threads, "frames": args.frames,
-                     "repeat": args.repeat}
+                     "repeat": args.repeat, "linear": args.linear}
     # Best of --repeat runs: on a shared machine interference only ever slows a run down.
-    off = min((bench_offline(model, args.frames, args.prefill_len) for _ in range(args.repeat)),
+    off = min((call_in_fresh_thread(bench_offline, model, args.frames, args.prefill_len) for _ in range(args.repeat)),
               key=lambda r: r["ms_per_frame"])
     results["offline_batch1"] = off
     print(f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s)")

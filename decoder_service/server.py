@@ -26,6 +26,7 @@ import torch
 
 from tts_common import metrics
 from tts_common.codes import codes_from_proto
+from tts_common.compute_thread import ComputeThread
 from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
@@ -65,8 +66,9 @@ class _Job:
 class DecodeBatcher:
     """Collects ready chunks of many streams and advances them together (one forward each round)."""
 
-    def __init__(self, batcher: SessionBatcher) -> None:
+    def __init__(self, batcher: SessionBatcher, compute: ComputeThread) -> None:
         self.batcher = batcher
+        self.compute = compute
         self._pending: list[_Job] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
@@ -102,9 +104,7 @@ class DecodeBatcher:
             metrics.BATCH_SIZE.labels(stage="decoder").observe(len(jobs))
             t0 = time.monotonic()
             try:
-                outs = await asyncio.to_thread(
-                    self.batcher.advance, [j.session for j in jobs], [j.codes for j in jobs]
-                )
+                outs = await self.compute.run(self._advance, [j.session for j in jobs], [j.codes for j in jobs])
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting stream
                 for job in jobs:
                     if not job.future.done():
@@ -113,7 +113,11 @@ class DecodeBatcher:
             metrics.STEP_DURATION.labels(stage="decoder").observe(time.monotonic() - t0)
             for job, out in zip(jobs, outs):
                 if not job.future.done():
-                    job.future.set_result(out.float().cpu().numpy())
+                    job.future.set_result(out)
+
+    def _advance(self, sessions: list[DecoderSession], codes: list[np.ndarray]) -> list[np.ndarray]:
+        """One batched round (compute thread): each session's new samples as float32 numpy."""
+        return [out.float().cpu().numpy() for out in self.batcher.advance(sessions, codes)]
 
 
 class DecoderServicer(stages_pb2_grpc.DecoderServicer):
@@ -127,19 +131,22 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         self.running = 0
         self.total_requests = 0
         self.sample_rate = 24000
+        # All of this process's torch work runs on this one thread (tts_common.compute_thread).
+        self.compute = ComputeThread("decoder-compute")
 
     async def load(self) -> None:
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
-        self.decoder = await asyncio.to_thread(
+        self.decoder = await self.compute.run(
             CodecDecoder.from_checkpoint, self.model_dir, self.config.device, getattr(torch, self.config.dtype)
         )
-        self.batcher = DecodeBatcher(SessionBatcher(self.decoder))
+        self.batcher = DecodeBatcher(SessionBatcher(self.decoder), self.compute)
         self.batcher.start()
 
     async def close(self) -> None:
         if self.batcher is not None:
             await self.batcher.close()
+        await asyncio.to_thread(self.compute.shutdown)
 
     @handle_rpc_errors(stage="decoder")
     async def Decode(  # noqa: N802 - gRPC method name
@@ -194,7 +201,7 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             prefix = self._check_codes(codes_from_proto(start.prefix_codes), "prefix_codes")
             if prefix.shape[0] > self.config.max_prefix_frames:
                 raise InvalidRequestError(f"prefix of {prefix.shape[0]} frames exceeds {self.config.max_prefix_frames}")
-        session = await asyncio.to_thread(DecoderSession, self.decoder, prefix)
+        session = await self.compute.run(DecoderSession, self.decoder, prefix)
         spf = self.decoder.samples_per_frame
         pending: list[np.ndarray] = []
         pending_frames = 0

@@ -21,6 +21,7 @@ import torch
 from tts_common import metrics
 from tts_common.audio import AudioError, AudioLimits, load_audio
 from tts_common.codes import codes_to_proto
+from tts_common.compute_thread import ComputeThread
 from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
@@ -52,7 +53,8 @@ class SpeakerConfig:
     max_audio_seconds: float = 60.0
     """Longest reference accepted (longer -> INVALID_ARGUMENT)."""
     max_concurrent: int = 4
-    """Embeddings computed at once; more callers wait (bounded by max_waiting)."""
+    """References handed to the compute thread at once (it runs them one after another); more
+    callers wait (bounded by max_waiting)."""
     max_waiting: int = 64
     """Callers allowed to wait for a compute slot; more -> RESOURCE_EXHAUSTED."""
 
@@ -78,6 +80,11 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
         self._waiting = 0
         self.total_requests = 0
         self.running = 0
+        # All of this process's torch work runs on this one thread (tts_common.compute_thread).
+        self.compute = ComputeThread("speaker-compute")
+
+    async def close(self) -> None:
+        await asyncio.to_thread(self.compute.shutdown)
 
     async def load(self) -> None:
 
@@ -89,7 +96,7 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
             )
             logger.warning("%s", self.unsupported_reason)
             return
-        self.frontend = await asyncio.to_thread(
+        self.frontend = await self.compute.run(
             VoiceCloneFrontEnd.from_checkpoint, self.model_dir, self.config.device, getattr(torch, self.config.dtype)
         )
 
@@ -147,7 +154,7 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
                 self._waiting -= 1
             try:
                 self.running += 1
-                entry = await asyncio.to_thread(self._compute, request, request.want_codes)
+                entry = await self.compute.run(self._compute, request, request.want_codes)
             finally:
                 self.running -= 1
                 if acquired:

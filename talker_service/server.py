@@ -21,6 +21,7 @@ import torch
 
 from tts_common import metrics
 from tts_common.codes import codes_from_proto, codes_to_proto
+from tts_common.compute_thread import run_in_fresh_thread
 from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
@@ -127,10 +128,14 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     async def load(self) -> None:
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
         dtype = getattr(torch, self.engine_config.dtype)
-        self.model = await asyncio.to_thread(
-            TalkerModel.from_checkpoint, self.model_dir, self.engine_config.device, dtype
-        )
-        self.engine = TalkerEngine(self.model.talker, self.engine_config)
+
+        def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
+            model = TalkerModel.from_checkpoint(self.model_dir, self.engine_config.device, dtype)
+            return model, TalkerEngine(model.talker, self.engine_config)  # allocates the KV cache
+
+        # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
+        # the engine's loop is the process's only compute thread (tts_common.compute_thread).
+        self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(
@@ -180,7 +185,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                 if msg.sampling.max_new_tokens < 2:
                     raise InvalidRequestError("max_new_tokens must be >= 2 (M gives at most M-1 frames)")
                 max_frames = msg.sampling.max_new_tokens - 1
-            prompt = await asyncio.to_thread(model.build_prompt, synthesis_request_from_proto(msg))
+            prompt = await engine.run(model.build_prompt, synthesis_request_from_proto(msg))
             events = engine.generate(request_id, prompt, sampling, max_frames)
             # Client-side Cancel messages (or the stream closing) cancel the engine request.
             watcher = asyncio.create_task(self._watch_cancel(request_iterator, events))

@@ -9,14 +9,19 @@ running request that has its input, deliver the completed frames, retire finishe
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import contextvars
+import functools
 import logging
 import threading
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import torch
 
+from tts_common.compute_thread import adopt_torch_threads
 from tts_common.errors import UnavailableError
 
 from ..model.sampling import SamplingParams
@@ -28,6 +33,8 @@ from .runner import TalkerRunner
 from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
 
 
 def num_text_tokens(prompt: TalkerPrompt) -> int:
@@ -56,6 +63,7 @@ class TalkerEngine:
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._inbox: list[EngineRequest] = []
+        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
@@ -148,6 +156,25 @@ class TalkerEngine:
         finally:
             self.cancel(request)
 
+    def call(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
+        """Run ``fn(*args)`` on the loop thread between two iterations (thread-safe).
+
+        For the process's other torch work (e.g. building prompts): one thread for all compute
+        keeps OpenMP from parking its workers between kernels (:mod:`tts_common.compute_thread`).
+        """
+        future: concurrent.futures.Future[T] = concurrent.futures.Future()
+        work = functools.partial(contextvars.copy_context().run, fn, *args)
+        with self._lock:
+            if self._stopping:
+                raise UnavailableError("talker engine is shutting down")
+            self._calls.append((work, future))
+            self._wakeup.notify_all()
+        return future
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Await :meth:`call`."""
+        return await asyncio.wrap_future(self.call(fn, *args))
+
     def cancel(self, request: EngineRequest) -> None:
         """Ask the loop to drop ``request`` (no-op once finished)."""
         if not request.finished:
@@ -158,11 +185,13 @@ class TalkerEngine:
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
         torch.set_grad_enabled(False)
+        adopt_torch_threads()
         while True:
             with self._lock:
                 while (
                     not self._stopping
                     and not self._inbox
+                    and not self._calls
                     and not self.scheduler.decodable()
                     and not any(r.cancelled.is_set() for r in self.scheduler.running.values())
                     and not any(r.cancelled.is_set() for r in self.scheduler.waiting)
@@ -171,6 +200,13 @@ class TalkerEngine:
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, []
+                calls, self._calls = self._calls, []
+            for work, future in calls:
+                if future.set_running_or_notify_cancel():
+                    try:
+                        future.set_result(work())
+                    except BaseException as exc:  # noqa: BLE001 - delivered to the caller
+                        future.set_exception(exc)
             for request in inbox:
                 self.scheduler.waiting.append(request)
             try:
@@ -183,6 +219,10 @@ class TalkerEngine:
         with self._lock:
             leftovers = list(self.scheduler.waiting) + list(self.scheduler.running.values()) + self._inbox
             self._inbox = []
+            calls, self._calls = self._calls, []
+        for _, future in calls:
+            if future.set_running_or_notify_cancel():
+                future.set_exception(UnavailableError("talker engine is shutting down"))
         for request in leftovers:
             self.scheduler.release(request)
             request.finish(FinishReason.CANCELLED)

@@ -15,7 +15,7 @@ from talker_service.engine import DoneEvent, EngineConfig, FinishReason, FrameEv
 from talker_service.engine.scheduler import Scheduler
 from talker_service.model.loader import TalkerModel
 from talker_service.model.sampling import SamplingParams
-from tts_common.errors import CapacityError
+from tts_common.errors import CapacityError, UnavailableError
 
 MAX_NEW_TOKENS = 80  # the fixtures' setting: at most 79 frames
 
@@ -239,3 +239,30 @@ def test_cuda_graph_step_matches_eager(models):
         finally:
             engine.stop()
     assert outputs[True] == outputs[False]
+
+
+def test_call_runs_on_the_loop_thread_between_steps(models):
+    """Other torch work of the process (prompt building) runs on the engine's own thread."""
+    model = models["tiny_voice_design"]
+    line = load_requests("tiny_voice_design")[0]
+    request = fixture_synthesis_request("tiny_voice_design", line)
+    engine = TalkerEngine(model.talker, EngineConfig(max_slots=2, max_seq_len=512))
+    engine.start()
+    try:
+        sink = Collector()
+        engine.submit("busy", model.build_prompt(request), SamplingParams(seed=1), 30, sink)
+        assert engine.call(threading.current_thread).result(30) is engine._thread
+        prompt = engine.call(model.build_prompt, request).result(30)
+        torch.testing.assert_close(prompt.prefill, model.build_prompt(request).prefill, rtol=0, atol=0)
+        with pytest.raises(ZeroDivisionError):
+            engine.call(lambda: 1 / 0).result(30)
+
+        async def awaited() -> int:
+            return await engine.run(len, [1, 2, 3])
+
+        assert asyncio.run(awaited()) == 3
+        assert sink.event.wait(60) and sink.done.reason is FinishReason.LENGTH
+    finally:
+        engine.stop()
+    with pytest.raises(UnavailableError):
+        engine.call(len, [])

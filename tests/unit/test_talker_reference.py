@@ -1,8 +1,9 @@
 """Talker stage against the official implementation's greedy outputs (tests/fixtures/reference).
 
 For every request of every fixture set: text ids, prefill embeddings / trailing rows, and the
-greedy codes (max_new_tokens 80, repetition_penalty 1.05) alone and as one batch; plus sampled
-determinism (same seed -> same codes alone and batched).
+greedy codes (max_new_tokens 80, repetition_penalty 1.05) alone and as one batch, with the
+default CPU linears (pre-packed oneDNN) and with torch's own; plus sampled determinism (same
+seed -> same codes alone and batched) and bit-exact batch invariance of the decode step.
 """
 
 from __future__ import annotations
@@ -22,6 +23,9 @@ from talker_service.model import (
     generate,
     iter_frames,
 )
+from talker_service.model.sampling import SamplingTensors
+from talker_service.model.step import DecodeState, decode_step, prefill
+from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 NAMES = ["tiny_custom_voice", "tiny_custom_voice_1b7", "tiny_voice_design", "tiny_base"]
@@ -141,6 +145,50 @@ def test_greedy_codes_alone(case: Case) -> None:
     assert got.dtype == np.int64
     assert got.shape == want.shape, f"{got.shape} != {want.shape}"
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
+    """The fallback kernels (CUDA, bf16, torch without oneDNN) reproduce the reference too."""
+    m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / name, onednn_linears=False)
+    assert not any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
+    for case in _cases(name)[:2]:
+        got = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].numpy()
+        np.testing.assert_array_equal(got, case.npy("codes"), err_msg=case.rid)
+
+
+@pytest.mark.skipif(not onednn_linear_available(), reason="torch built without oneDNN")
+def test_decode_step_is_batch_invariant_to_the_bit() -> None:
+    """Rows at the same position get the same bits alone and batched (default CPU float32 path).
+
+    The linears and the code predictor are batch-invariant (tts_common.onednn_linear). A row
+    shorter than the batch's longest reads its keys through a longer masked window, which sums in
+    another order (last-bit differences): the code tests above check its tokens instead.
+    """
+    m = model_for("tiny_voice_design")
+    assert any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
+    cases = _cases("tiny_voice_design")
+    prompts = [m.build_prompt(cases[i].request()) for i in (0, 2)]
+    assert prompts[0].prefill_len == prompts[1].prefill_len
+    assert not torch.equal(prompts[0].prefill, prompts[1].prefill)
+    params = SamplingTensors.stack([SamplingParams.greedy()], torch.device("cpu"))
+
+    def past_hidden_per_step(rows: list[int], steps: int = 4) -> torch.Tensor:
+        cache = m.allocate_cache(len(rows), 256)
+        state = DecodeState.cat(
+            [prefill(m.talker, cache, slot, prompts[i].prefill, params) for slot, i in enumerate(rows)]
+        )
+        state.slots = None  # row b is slot b
+        out = []
+        for step in range(steps):
+            trailing = torch.stack([prompts[i].trailing_row(step) for i in rows])
+            decode_step(m.talker, cache, state, trailing, int(state.positions.max()) + 1)
+            out.append(state.past_hidden.clone())
+        return torch.stack(out, dim=1)
+
+    together = past_hidden_per_step([0, 1])
+    for row in range(2):
+        assert torch.equal(past_hidden_per_step([row])[0], together[row]), row
 
 
 @pytest.mark.parametrize("name", NAMES)
