@@ -11,7 +11,10 @@ and measures, in one run:
     one after another.
 
 Example (figures in the report):
-    python bench/decoder_bench.py --threads 2 --frames 100 --json bench/results/decoder.json
+    python bench/decoder_bench.py --threads 2 --frames 100 --concurrency-frames 25 --repeat 2 \
+        --json bench/results/decoder.json
+(also prints a roofline: the whole decode's GFLOP/s against the machine's dense-product ceiling,
+which bounds what batching streams can gain on this machine)
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 
 from decoder_service.model.codec_decoder import CodecDecoder, init_random_weights
 from decoder_service.model.streaming import ChunkSchedule, DecoderSession, advance_sessions
@@ -85,6 +89,27 @@ def stream_batched(dec: CodecDecoder, streams: list[torch.Tensor], sched: ChunkS
     return total
 
 
+def attainable_gflops(threads: int) -> float:
+    """The best fp32 GFLOP/s this machine reaches on large dense products (ceiling for batching).
+
+    Best of a 2048^3 ``torch.mm`` and a pre-packed oneDNN linear of 256x2048 by 2048x2048.
+    """
+    from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
+
+    a, w = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    candidates = [lambda: torch.mm(a, w)]
+    if onednn_linear_available():
+        layer = OneDnnLinear(torch.nn.Linear(2048, 2048, bias=False))
+        x = torch.randn(256, 2048)
+        candidates.append(lambda: [layer(x) for _ in range(8)])  # same FLOPs as the mm
+    best = 0.0
+    for fn in candidates:
+        fn()
+        seconds = min(timed(fn) for _ in range(3))
+        best = max(best, 2 * 2048**3 / seconds / 1e9)
+    return best
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--frames", type=int, default=100, help="utterance length for whole vs streaming (12.5 frames/s)")
@@ -114,6 +139,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         dec.decode(codes[:4])  # warm-up (oneDNN primitives, codebook tables)
         stream_one(dec, codes[: 2 * args.max_chunk], sched)
         whole_s, whole_cpu = best_of(args.repeat, lambda: timed(lambda: dec.decode(codes)))
+        # Roofline: batching streams cannot beat the machine's dense-product ceiling, so
+        # ceiling / (whole-decode GFLOP/s) bounds any batched-vs-sequential speedup.
+        flop_counter = FlopCounterMode(display=False)
+        with flop_counter:
+            dec.decode(codes)
+        whole_gflops = flop_counter.get_total_flops() / 1e9
+        ceiling = attainable_gflops(args.threads)
         (stream_s, first_s), stream_cpu = best_of(args.repeat, lambda: stream_one(dec, codes, sched))
         firsts = [stream_one(dec, codes[: args.first], sched)[0] for _ in range(args.first_chunk_repeats)]
         conc: list[dict[str, Any]] = []
@@ -145,7 +177,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "frames": args.frames,
         "audio_s": audio_s,
         "repeat": args.repeat,
-        "whole": {"seconds": whole_s, "cpu_seconds": whole_cpu, "rtf": whole_s / audio_s},
+        "whole": {"seconds": whole_s, "cpu_seconds": whole_cpu, "rtf": whole_s / audio_s,
+                  "gflop": whole_gflops, "gflop_per_s": whole_gflops / whole_s},
+        "roofline": {"attainable_gflop_per_s": ceiling,
+                     "max_batching_speedup": ceiling / (whole_gflops / whole_s)},
         "streaming": {"seconds": stream_s, "cpu_seconds": stream_cpu, "rtf": stream_s / audio_s},
         "first_chunk": {"frames": args.first, "audio_ms": args.first * sec_per_frame * 1000,
                         "latency_ms_in_stream": first_s * 1000,
@@ -159,6 +194,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'mode':<28}{'wall s':>10}{'s per audio s':>16}{'cpu s':>10}")
     print(f"{'whole-utterance decode':<28}{whole_s:>10.2f}{whole_s / audio_s:>16.3f}{whole_cpu:>10.2f}")
     print(f"{'streaming (schedule)':<28}{stream_s:>10.2f}{stream_s / audio_s:>16.3f}{stream_cpu:>10.2f}")
+    print(f"whole decode: {whole_gflops:.0f} GFLOP at {whole_gflops / whole_s:.0f} GFLOP/s; machine ceiling "
+          f"{ceiling:.0f} GFLOP/s -> batching can gain at most {result['roofline']['max_batching_speedup']:.2f}x")
     fc = result["first_chunk"]
     print(f"first chunk ({args.first} frames = {fc['audio_ms']:.0f} ms audio): "
           f"min {fc['latency_ms_min']:.0f} ms, median {fc['latency_ms_median']:.0f} ms")
