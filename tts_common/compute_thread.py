@@ -62,38 +62,16 @@ class ComputeThread:
         self._executor.shutdown(wait=True)
 
 
-async def run_in_fresh_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Await ``fn(*args, **kwargs)`` in a new thread that exits when it returns (see the module
-    docstring: its OpenMP pool goes with it)."""
-    loop = asyncio.get_running_loop()
-    future: asyncio.Future[T] = loop.create_future()
-    ctx = contextvars.copy_context()
-
-    def deliver(setter: Callable[[object], None], value: object) -> None:
-        if not future.done():
-            setter(value)
-
-    def target() -> None:
-        try:
-            adopt_torch_threads()
-            result = ctx.run(fn, *args, **kwargs)
-        except BaseException as exc:  # noqa: BLE001 - re-raised in the awaiting task
-            loop.call_soon_threadsafe(deliver, future.set_exception, exc)
-        else:
-            loop.call_soon_threadsafe(deliver, future.set_result, result)
-
-    threading.Thread(target=target, name=f"oneoff-{getattr(fn, '__name__', 'call')}", daemon=True).start()
-    return await future
-
-
 def call_in_fresh_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
-    """Blocking :func:`run_in_fresh_thread` for scripts and benchmarks."""
+    """Call ``fn(*args, **kwargs)`` in a new thread and wait for that thread to exit (see the
+    module docstring: its OpenMP pool goes with it); context variables carried over."""
+    ctx = contextvars.copy_context()
     outcome: dict[str, object] = {}
 
     def target() -> None:
         try:
             adopt_torch_threads()
-            outcome["result"] = fn(*args, **kwargs)
+            outcome["result"] = ctx.run(fn, *args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             outcome["error"] = exc
 
@@ -103,3 +81,8 @@ def call_in_fresh_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) 
     if "error" in outcome:
         raise outcome["error"]  # type: ignore[misc]
     return outcome["result"]  # type: ignore[return-value]
+
+
+async def run_in_fresh_thread(fn: Callable[P, T], *args: P.args, **kwargs: P.kwargs) -> T:
+    """Await :func:`call_in_fresh_thread` (the waiting, not the work, takes an executor thread)."""
+    return await asyncio.to_thread(call_in_fresh_thread, fn, *args, **kwargs)
