@@ -33,12 +33,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 CKPT = FIXTURES / "ckpt"
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 # --- real-size shapes (ARCHITECTURE.md §2-3) ------------------------------------------------------

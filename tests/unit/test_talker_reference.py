@@ -80,13 +80,7 @@ ALL_CASES = [c for n in NAMES for c in _cases(n)]
 CASE_IDS = [f"{c.name}:{c.rid}" for c in ALL_CASES]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def _one_thread():
-    # Tiny matmuls: one thread is fastest and avoids oversubscription on shared CI cores.
-    prev = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(prev)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 _MODELS: dict[str, TalkerModel] = {}
