@@ -9,12 +9,12 @@ from __future__ import annotations
 
 import hmac
 import logging
-from collections.abc import Awaitable, Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import grpc
 
 from tts_common import metrics
-from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME, aborting_handler
+from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME, RefusingInterceptor
 
 logger = logging.getLogger(__name__)
 
@@ -44,15 +44,15 @@ def extract_api_key(metadata: Iterable[tuple[str, str | bytes]] | None) -> str |
     return bearer or api_key
 
 
-class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
+class ApiKeyInterceptor(RefusingInterceptor):
     """Rejects calls without a valid API key (see the module doc)."""
 
     def __init__(self, keys: Iterable[str], *, stage: str = "gateway",
                  open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES) -> None:
+        super().__init__(open_prefixes)
         self._keys = tuple(k.encode("utf-8") for k in keys if k)
         if not self._keys:
             raise ValueError("ApiKeyInterceptor needs at least one key")
-        self._open = tuple(open_prefixes)
         self._stage = stage
 
     def is_valid(self, key: str) -> bool:
@@ -63,27 +63,19 @@ class ApiKeyInterceptor(grpc.aio.ServerInterceptor):
             valid |= hmac.compare_digest(candidate, known)
         return valid
 
-    async def intercept_service(
-        self,
-        continuation: Callable[[grpc.HandlerCallDetails], Awaitable[grpc.RpcMethodHandler]],
-        handler_call_details: grpc.HandlerCallDetails,
-    ) -> grpc.RpcMethodHandler:
-        handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or method.startswith(self._open):
-            return handler
-        key = extract_api_key(handler_call_details.invocation_metadata)
+    def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
+        key = extract_api_key(details.invocation_metadata)
         if key is None:
-            code, details = (grpc.StatusCode.UNAUTHENTICATED,
+            code, message = (grpc.StatusCode.UNAUTHENTICATED,
                              "missing API key: send 'authorization: Bearer KEY' or "
                              "'x-api-key: KEY' metadata")
         elif not self.is_valid(key):
-            code, details = grpc.StatusCode.PERMISSION_DENIED, "invalid API key"
+            code, message = grpc.StatusCode.PERMISSION_DENIED, "invalid API key"
         else:
-            return handler
-        logger.info("rejected %s: %s", method, code.name)
+            return None
+        logger.info("rejected %s: %s", details.method, code.name)
         metrics.REQUESTS.labels(stage=self._stage, status=code.name).inc()
-        return aborting_handler(handler, code, details)
+        return code, message
 
 
 __all__ = ["ApiKeyInterceptor", "OPEN_METHOD_PREFIXES", "extract_api_key"]

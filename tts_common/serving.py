@@ -330,13 +330,18 @@ _ALWAYS_AVAILABLE = (
 )
 
 
-class _ReadinessInterceptor(grpc.aio.ServerInterceptor):
-    """Fails RPCs with UNAVAILABLE while the health status is not SERVING, except for the
-    health and reflection services and the ``always_available`` method prefixes."""
+class RefusingInterceptor(grpc.aio.ServerInterceptor):
+    """Base of interceptors that refuse calls with a status before the servicer runs.
 
-    def __init__(self, health: ServingHealth, always_available: Sequence[str]) -> None:
-        self._health = health
-        self._exempt = tuple(always_available)
+    Methods under the ``exempt`` prefixes always pass; for the others :meth:`refusal` decides.
+    """
+
+    def __init__(self, exempt: Sequence[str]) -> None:
+        self._exempt = tuple(exempt)
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
+        """``(code, message)`` to fail the call with, or None to let it through."""
+        raise NotImplementedError
 
     async def intercept_service(
         self,
@@ -344,12 +349,26 @@ class _ReadinessInterceptor(grpc.aio.ServerInterceptor):
         handler_call_details: grpc.HandlerCallDetails,
     ) -> grpc.RpcMethodHandler:
         handler = await continuation(handler_call_details)
-        method = handler_call_details.method
-        if handler is None or self._health.ready or method.startswith(self._exempt):
+        if handler is None or handler_call_details.method.startswith(self._exempt):
             return handler
+        refused = self.refusal(handler_call_details)
+        return handler if refused is None else aborting_handler(handler, *refused)
+
+
+class _ReadinessInterceptor(RefusingInterceptor):
+    """Fails RPCs with UNAVAILABLE while the health status is not SERVING, except for the
+    health and reflection services and the ``always_available`` method prefixes."""
+
+    def __init__(self, health: ServingHealth, always_available: Sequence[str]) -> None:
+        super().__init__(always_available)
+        self._health = health
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
+        if self._health.ready:
+            return None
         reason = ("shutting down" if self._health.shutting_down
                   else "not serving (starting up or unhealthy)")
-        return aborting_handler(handler, grpc.StatusCode.UNAVAILABLE, f"server {reason}")
+        return grpc.StatusCode.UNAVAILABLE, f"server {reason}"
 
 
 def aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
@@ -724,7 +743,7 @@ def resolve_request_id(explicit: str, context: grpc.aio.ServicerContext | None =
 
 __all__ = [
     "ENV_PREFIX", "HEALTH_SERVICE_NAME", "REFLECTION_SERVICE_NAME", "REQUEST_ID_METADATA_KEY",
-    "ServerConfig", "ServingHealth", "abort_for_exception", "aborting_handler", "add_server_arguments",
+    "RefusingInterceptor", "ServerConfig", "ServingHealth", "abort_for_exception", "aborting_handler", "add_server_arguments",
     "bound_port", "build_server", "channel_options", "config_from_args", "env_names", "env_value",
     "format_address", "grpc_status_for", "handle_rpc_errors", "new_request_id",
     "parse_server_args", "request_context", "resolve_request_id", "serve",
