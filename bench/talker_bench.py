@@ -7,7 +7,7 @@ Builds a talker with random weights at the REAL dimensions of a released checkpo
   * time from a request's arrival to its first frame while N-1 others are running.
 
 Example (the figures in the issue notes):
-    python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 2 --json bench/results/talker.json
+    python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 3 --json bench/results/talker_0b6.json
 (``--linear torch`` measures torch's own linear kernels instead of the pre-packed oneDNN ones.)
 """
 
