@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU torch pinned for dev and CI: an unpinned `torch` can pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install up test test-fast protos protos-check bench clean
+.PHONY: install up test test-fast lint format protos protos-check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -20,8 +20,17 @@ install: $(BIN)/.installed
 up: install
 	$(BIN)/qwen3-tts up $(ARGS)
 
-test: install
+test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# Lint and format check (ruff, configured in pyproject.toml); `make format` rewrites the files.
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: install
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
 
 test-fast: install
 	$(BIN)/python -m pytest -q tests/unit $(PYTEST_ARGS)

@@ -20,6 +20,7 @@ which bounds what batching streams can gain on this machine)
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import time
@@ -73,7 +74,7 @@ def stream_one(dec: CodecDecoder, codes: torch.Tensor, sched: ChunkSchedule) -> 
     session = DecoderSession(dec)
     times, i = [], 0
     for n in sched.split(codes.shape[0]):
-        times.append(timed(lambda: session.feed(codes[i : i + n])))
+        times.append(timed(functools.partial(session.feed, codes[i : i + n])))
         i += n
     return sum(times), times[0]
 
@@ -84,7 +85,7 @@ def stream_batched(dec: CodecDecoder, streams: list[torch.Tensor], sched: ChunkS
     total, i = 0.0, 0
     for n in sched.split(max(s.shape[0] for s in streams)):
         chunks = [s[i : i + n] for s in streams]
-        total += timed(lambda: advance_sessions(sessions, chunks))
+        total += timed(functools.partial(advance_sessions, sessions, chunks))
         i += n
     return total
 
@@ -112,13 +113,19 @@ def attainable_gflops(threads: int) -> float:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--frames", type=int, default=100, help="utterance length for whole vs streaming (12.5 frames/s)")
+    p.add_argument(
+        "--frames", type=int, default=100, help="utterance length for whole vs streaming (12.5 frames/s)"
+    )
     p.add_argument("--concurrency", type=int, nargs="+", default=[1, 4, 16], help="concurrent stream counts")
-    p.add_argument("--concurrency-frames", type=int, default=50, help="frames per stream in the concurrency runs")
+    p.add_argument(
+        "--concurrency-frames", type=int, default=50, help="frames per stream in the concurrency runs"
+    )
     p.add_argument("--first", type=int, default=2, help="schedule: first chunk (frames)")
     p.add_argument("--growth", type=float, default=2.0, help="schedule: growth factor")
     p.add_argument("--max-chunk", type=int, default=25, help="schedule: largest chunk (frames)")
-    p.add_argument("--first-chunk-repeats", type=int, default=5, help="fresh streams timed for first-chunk latency")
+    p.add_argument(
+        "--first-chunk-repeats", type=int, default=5, help="fresh streams timed for first-chunk latency"
+    )
     p.add_argument("--repeat", type=int, default=1, help="runs per measurement; the fastest is reported")
     p.add_argument("--threads", type=int, default=2, help="torch.set_num_threads")
     p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
@@ -152,40 +159,61 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         for n in args.concurrency:
             streams = [random_codes(dec, args.concurrency_frames, args.seed + 1 + k) for k in range(n)]
             total_audio = n * args.concurrency_frames * sec_per_frame
-            batched_s, batched_cpu = best_of(args.repeat, lambda: stream_batched(dec, streams, sched))
-            sequential_s, sequential_cpu = best_of(
-                args.repeat, lambda: sum(stream_one(dec, s, sched)[0] for s in streams)
+            batched_s, batched_cpu = best_of(
+                args.repeat, functools.partial(stream_batched, dec, streams, sched)
             )
-            conc.append({
-                "streams": n,
-                "audio_s": total_audio,
-                "batched_s": batched_s,
-                "batched_cpu_s": batched_cpu,
-                "sequential_s": sequential_s,
-                "sequential_cpu_s": sequential_cpu,
-                "batched_x_realtime": total_audio / batched_s,
-                "sequential_x_realtime": total_audio / sequential_s,
-                "speedup": sequential_s / batched_s,
-            })
+            sequential_s, sequential_cpu = best_of(
+                args.repeat, lambda streams=streams: sum(stream_one(dec, s, sched)[0] for s in streams)
+            )
+            conc.append(
+                {
+                    "streams": n,
+                    "audio_s": total_audio,
+                    "batched_s": batched_s,
+                    "batched_cpu_s": batched_cpu,
+                    "sequential_s": sequential_s,
+                    "sequential_cpu_s": sequential_cpu,
+                    "batched_x_realtime": total_audio / batched_s,
+                    "sequential_x_realtime": total_audio / sequential_s,
+                    "speedup": sequential_s / batched_s,
+                }
+            )
 
     result: dict[str, Any] = {
-        "machine": {"cpu": platform.processor() or platform.machine(), "threads": args.threads,
-                    "torch": torch.__version__},
+        "machine": {
+            "cpu": platform.processor() or platform.machine(),
+            "threads": args.threads,
+            "torch": torch.__version__,
+        },
         "dtype": args.dtype,
-        "schedule": {"first": args.first, "growth": args.growth, "max": args.max_chunk,
-                     "chunks": sched.split(args.frames)},
+        "schedule": {
+            "first": args.first,
+            "growth": args.growth,
+            "max": args.max_chunk,
+            "chunks": sched.split(args.frames),
+        },
         "frames": args.frames,
         "audio_s": audio_s,
         "repeat": args.repeat,
-        "whole": {"seconds": whole_s, "cpu_seconds": whole_cpu, "rtf": whole_s / audio_s,
-                  "gflop": whole_gflops, "gflop_per_s": whole_gflops / whole_s},
-        "roofline": {"attainable_gflop_per_s": ceiling,
-                     "max_batching_speedup": ceiling / (whole_gflops / whole_s)},
+        "whole": {
+            "seconds": whole_s,
+            "cpu_seconds": whole_cpu,
+            "rtf": whole_s / audio_s,
+            "gflop": whole_gflops,
+            "gflop_per_s": whole_gflops / whole_s,
+        },
+        "roofline": {
+            "attainable_gflop_per_s": ceiling,
+            "max_batching_speedup": ceiling / (whole_gflops / whole_s),
+        },
         "streaming": {"seconds": stream_s, "cpu_seconds": stream_cpu, "rtf": stream_s / audio_s},
-        "first_chunk": {"frames": args.first, "audio_ms": args.first * sec_per_frame * 1000,
-                        "latency_ms_in_stream": first_s * 1000,
-                        "latency_ms_min": min(firsts) * 1000,
-                        "latency_ms_median": sorted(firsts)[len(firsts) // 2] * 1000},
+        "first_chunk": {
+            "frames": args.first,
+            "audio_ms": args.first * sec_per_frame * 1000,
+            "latency_ms_in_stream": first_s * 1000,
+            "latency_ms_min": min(firsts) * 1000,
+            "latency_ms_median": sorted(firsts)[len(firsts) // 2] * 1000,
+        },
         "concurrency": conc,
     }
 
@@ -194,19 +222,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     print(f"{'mode':<28}{'wall s':>10}{'s per audio s':>16}{'cpu s':>10}")
     print(f"{'whole-utterance decode':<28}{whole_s:>10.2f}{whole_s / audio_s:>16.3f}{whole_cpu:>10.2f}")
     print(f"{'streaming (schedule)':<28}{stream_s:>10.2f}{stream_s / audio_s:>16.3f}{stream_cpu:>10.2f}")
-    print(f"whole decode: {whole_gflops:.0f} GFLOP at {whole_gflops / whole_s:.0f} GFLOP/s; machine ceiling "
-          f"{ceiling:.0f} GFLOP/s -> batching can gain at most {result['roofline']['max_batching_speedup']:.2f}x")
+    print(
+        f"whole decode: {whole_gflops:.0f} GFLOP at {whole_gflops / whole_s:.0f} GFLOP/s; machine ceiling "
+        f"{ceiling:.0f} GFLOP/s -> batching can gain at most {result['roofline']['max_batching_speedup']:.2f}x"
+    )
     fc = result["first_chunk"]
-    print(f"first chunk ({args.first} frames = {fc['audio_ms']:.0f} ms audio): "
-          f"min {fc['latency_ms_min']:.0f} ms, median {fc['latency_ms_median']:.0f} ms")
-    print(f"\nconcurrent streams, {args.concurrency_frames} frames each "
-          f"({args.concurrency_frames * sec_per_frame:.1f} s audio), aggregate x realtime:")
-    print(f"{'streams':>8}{'batched s':>11}{'(cpu s)':>9}{'batched xRT':>13}"
-          f"{'sequential s':>14}{'(cpu s)':>9}{'seq xRT':>9}{'speedup':>9}")
+    print(
+        f"first chunk ({args.first} frames = {fc['audio_ms']:.0f} ms audio): "
+        f"min {fc['latency_ms_min']:.0f} ms, median {fc['latency_ms_median']:.0f} ms"
+    )
+    print(
+        f"\nconcurrent streams, {args.concurrency_frames} frames each "
+        f"({args.concurrency_frames * sec_per_frame:.1f} s audio), aggregate x realtime:"
+    )
+    print(
+        f"{'streams':>8}{'batched s':>11}{'(cpu s)':>9}{'batched xRT':>13}"
+        f"{'sequential s':>14}{'(cpu s)':>9}{'seq xRT':>9}{'speedup':>9}"
+    )
     for c in conc:
-        print(f"{c['streams']:>8}{c['batched_s']:>11.2f}{c['batched_cpu_s']:>9.2f}{c['batched_x_realtime']:>13.2f}"
-              f"{c['sequential_s']:>14.2f}{c['sequential_cpu_s']:>9.2f}{c['sequential_x_realtime']:>9.2f}"
-              f"{c['speedup']:>9.2f}")
+        print(
+            f"{c['streams']:>8}{c['batched_s']:>11.2f}{c['batched_cpu_s']:>9.2f}{c['batched_x_realtime']:>13.2f}"
+            f"{c['sequential_s']:>14.2f}{c['sequential_cpu_s']:>9.2f}{c['sequential_x_realtime']:>9.2f}"
+            f"{c['speedup']:>9.2f}"
+        )
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=2))

@@ -69,7 +69,8 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 async def one_request(stub, args, rng: random.Random, sample_rate: int = 24000) -> Result:
     request = tts_pb2.SynthesizeRequest(
-        text=rng.choice(TEXTS), language=args.language,
+        text=rng.choice(TEXTS),
+        language=args.language,
         sampling=tts_pb2.SamplingOptions(seed=rng.randrange(2**31), max_new_tokens=args.max_new_tokens),
         output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_PCM16),
     )
@@ -149,12 +150,14 @@ def svg_plot(results: list[Result], path: Path) -> None:
     }
     xmax = max([v[-1] for v in series.values() if v] or [1.0])
     w, h, pad = 640, 360, 50
-    lines = [f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
-             f'<rect width="{w}" height="{h}" fill="white"/>',
-             f'<line x1="{pad}" y1="{h-pad}" x2="{w-pad}" y2="{h-pad}" stroke="black"/>',
-             f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h-pad}" stroke="black"/>',
-             f'<text x="{w/2}" y="{h-10}" text-anchor="middle">latency (ms), max {xmax:.0f}</text>',
-             f'<text x="12" y="{h/2}" transform="rotate(-90 12 {h/2})" text-anchor="middle">fraction of requests</text>']
+    lines = [
+        f'<svg xmlns="http://www.w3.org/2000/svg" width="{w}" height="{h}" font-family="sans-serif" font-size="12">',
+        f'<rect width="{w}" height="{h}" fill="white"/>',
+        f'<line x1="{pad}" y1="{h - pad}" x2="{w - pad}" y2="{h - pad}" stroke="black"/>',
+        f'<line x1="{pad}" y1="{pad}" x2="{pad}" y2="{h - pad}" stroke="black"/>',
+        f'<text x="{w / 2}" y="{h - 10}" text-anchor="middle">latency (ms), max {xmax:.0f}</text>',
+        f'<text x="12" y="{h / 2}" transform="rotate(-90 12 {h / 2})" text-anchor="middle">fraction of requests</text>',
+    ]
     for (name, values), color, dy in zip(series.items(), ["#1f77b4", "#d62728"], [0, 16]):
         if not values:
             continue
@@ -163,7 +166,7 @@ def svg_plot(results: list[Result], path: Path) -> None:
             for i, v in enumerate(values)
         )
         lines.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}"/>')
-        lines.append(f'<text x="{w-pad-150}" y="{pad+dy}" fill="{color}">{name}</text>')
+        lines.append(f'<text x="{w - pad - 150}" y="{pad + dy}" fill="{color}">{name}</text>')
     lines.append("</svg>")
     path.write_text("\n".join(lines))
 
@@ -191,7 +194,9 @@ def main() -> None:
     print(json.dumps(asdict(report), indent=2))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps({"report": asdict(report), "results": [asdict(r) for r in results]}, indent=2))
+        args.json.write_text(
+            json.dumps({"report": asdict(report), "results": [asdict(r) for r in results]}, indent=2)
+        )
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         svg_plot(results, args.plot)

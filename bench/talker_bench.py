@@ -102,21 +102,30 @@ def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len:
 
     # Warm-up request (allocator, first-call costs).
     warm = threading.Event()
-    engine.submit("warm", random_prompt(model, prefill_len, 99), SamplingParams.greedy(), 2,
-                  lambda e: warm.set() if isinstance(e, DoneEvent) else None)
+    engine.submit(
+        "warm",
+        random_prompt(model, prefill_len, 99),
+        SamplingParams.greedy(),
+        2,
+        lambda e: warm.set() if isinstance(e, DoneEvent) else None,
+    )
     warm.wait()
     t0 = time.perf_counter()
     # N-1 requests start together; the last arrives once they are all decoding, and its time to
     # first frame is the "arrival while N-1 others run" figure.
     for i in range(concurrency - 1):
         arrivals[i] = time.perf_counter()
-        engine.submit(f"r{i}", random_prompt(model, prefill_len, i), SamplingParams.greedy(), frames, sink_for(i))
+        engine.submit(
+            f"r{i}", random_prompt(model, prefill_len, i), SamplingParams.greedy(), frames, sink_for(i)
+        )
     if concurrency > 1:
         while min(counts[: concurrency - 1]) < 2:
             time.sleep(0.001)
     last = concurrency - 1
     arrivals[last] = time.perf_counter()
-    engine.submit(f"r{last}", random_prompt(model, prefill_len, last), SamplingParams.greedy(), frames, sink_for(last))
+    engine.submit(
+        f"r{last}", random_prompt(model, prefill_len, last), SamplingParams.greedy(), frames, sink_for(last)
+    )
     done.wait()
     total = time.perf_counter() - t0
     engine.stop()
@@ -146,8 +155,12 @@ def main() -> None:
     ap.add_argument("--prefill-len", type=int, default=20)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--repeat", type=int, default=2, help="runs per configuration; the best is reported")
-    ap.add_argument("--linear", default="onednn", choices=["onednn", "torch"],
-                    help="CPU float32 linear kernels: pre-packed oneDNN (the loader's default) or torch's")
+    ap.add_argument(
+        "--linear",
+        default="onednn",
+        choices=["onednn", "torch"],
+        help="CPU float32 linear kernels: pre-packed oneDNN (the loader's default) or torch's",
+    )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
@@ -156,28 +169,53 @@ def main() -> None:
     # Every compute runs off the main thread, in threads that exit, except the engine's loop: as
     # in the talker server (tts_common.compute_thread explains why it matters on CPU).
     model = call_in_fresh_thread(build_model, args.size, dtype, args.linear == "onednn")
-    print(f"built random {args.size} talker ({sum(t.numel() for t in model.talker.state_dict().values())/1e6:.0f} M "
-          f"params) in {time.perf_counter()-t0:.1f} s; threads={args.threads} dtype={args.dtype} linear={args.linear}")
-    results: dict = {"size": args.size, "dtype": args.dtype, "threads": args.threads, "frames": args.frames,
-                     "repeat": args.repeat, "linear": args.linear}
+    print(
+        f"built random {args.size} talker ({sum(t.numel() for t in model.talker.state_dict().values()) / 1e6:.0f} M "
+        f"params) in {time.perf_counter() - t0:.1f} s; threads={args.threads} dtype={args.dtype} linear={args.linear}"
+    )
+    results: dict = {
+        "size": args.size,
+        "dtype": args.dtype,
+        "threads": args.threads,
+        "frames": args.frames,
+        "repeat": args.repeat,
+        "linear": args.linear,
+    }
     # Best of --repeat runs: on a shared machine interference only ever slows a run down.
-    off = min((call_in_fresh_thread(bench_offline, model, args.frames, args.prefill_len) for _ in range(args.repeat)),
-              key=lambda r: r["ms_per_frame"])
+    off = min(
+        (
+            call_in_fresh_thread(bench_offline, model, args.frames, args.prefill_len)
+            for _ in range(args.repeat)
+        ),
+        key=lambda r: r["ms_per_frame"],
+    )
     results["offline_batch1"] = off
     print(f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s)")
     results["engine"] = []
-    print(f"{'N':>3} {'agg frames/s (all)':>19} {'steady agg frames/s':>20} {'x offline b1':>13} "
-          f"{'per-req frames/s':>17} {'TTFF new (ms)':>14}")
+    print(
+        f"{'N':>3} {'agg frames/s (all)':>19} {'steady agg frames/s':>20} {'x offline b1':>13} "
+        f"{'per-req frames/s':>17} {'TTFF new (ms)':>14}"
+    )
     base = off["frames_per_s"]
     for n in [int(x) for x in args.concurrency.split(",")]:
-        r = max((bench_engine(model, n, args.frames, args.prefill_len) for _ in range(args.repeat)),
-                key=lambda r: r["steady_state_aggregate_frames_per_s"])
+        r = max(
+            (bench_engine(model, n, args.frames, args.prefill_len) for _ in range(args.repeat)),
+            key=lambda r: r["steady_state_aggregate_frames_per_s"],
+        )
         results["engine"].append(r)
-        print(f"{n:>3} {r['aggregate_frames_per_s']:>19.2f} {r['steady_state_aggregate_frames_per_s']:>20.2f} "
-              f"{r['steady_state_aggregate_frames_per_s']/base:>13.2f} {r['per_request_frames_per_s_mean']:>17.2f} "
-              f"{r['arrival_to_first_frame_ms_with_others_running']:>14.1f}")
-    kv = 2 * model.config.model.talker.num_hidden_layers * model.config.model.talker.num_key_value_heads * \
-        model.config.model.talker.head_dim * torch.finfo(dtype).bits // 8
+        print(
+            f"{n:>3} {r['aggregate_frames_per_s']:>19.2f} {r['steady_state_aggregate_frames_per_s']:>20.2f} "
+            f"{r['steady_state_aggregate_frames_per_s'] / base:>13.2f} {r['per_request_frames_per_s_mean']:>17.2f} "
+            f"{r['arrival_to_first_frame_ms_with_others_running']:>14.1f}"
+        )
+    kv = (
+        2
+        * model.config.model.talker.num_hidden_layers
+        * model.config.model.talker.num_key_value_heads
+        * model.config.model.talker.head_dim
+        * torch.finfo(dtype).bits
+        // 8
+    )
     results["kv_bytes_per_position"] = kv
     print(f"talker KV per slot position: {kv} B ({kv * 2048 / 2**20:.0f} MiB per 2048-position slot)")
     if args.json:

@@ -104,7 +104,9 @@ class DecodeBatcher:
             metrics.BATCH_SIZE.labels(stage="decoder").observe(len(jobs))
             t0 = time.monotonic()
             try:
-                outs = await self.compute.run(self._advance, [j.session for j in jobs], [j.codes for j in jobs])
+                outs = await self.compute.run(
+                    self._advance, [j.session for j in jobs], [j.codes for j in jobs]
+                )
             except Exception as exc:  # noqa: BLE001 - delivered to every waiting stream
                 for job in jobs:
                     if not job.future.done():
@@ -138,7 +140,10 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
         self.decoder = await self.compute.run(
-            CodecDecoder.from_checkpoint, self.model_dir, self.config.device, getattr(torch, self.config.dtype)
+            CodecDecoder.from_checkpoint,
+            self.model_dir,
+            self.config.device,
+            getattr(torch, self.config.dtype),
         )
         self.batcher = DecodeBatcher(SessionBatcher(self.decoder), self.compute)
         self.batcher.start()
@@ -149,8 +154,10 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         await asyncio.to_thread(self.compute.shutdown)
 
     @handle_rpc_errors(stage="decoder")
-    async def Decode(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[stages_pb2.DecoderClientMessage], context: grpc.aio.ServicerContext
+    async def Decode(
+        self,
+        request_iterator: AsyncIterator[stages_pb2.DecoderClientMessage],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[stages_pb2.DecoderServerMessage]:
         if self.decoder is None or self.batcher is None:
             raise UnavailableError("decoder model is still loading")
@@ -193,14 +200,19 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         return codes
 
     async def _stream(
-        self, start: stages_pb2.DecodeStart, schedule: ChunkSchedule, messages: AsyncIterator[stages_pb2.DecoderClientMessage]
+        self,
+        start: stages_pb2.DecodeStart,
+        schedule: ChunkSchedule,
+        messages: AsyncIterator[stages_pb2.DecoderClientMessage],
     ) -> AsyncIterator[stages_pb2.DecoderServerMessage]:
         assert self.decoder is not None and self.batcher is not None
         prefix = None
         if start.HasField("prefix_codes") and start.prefix_codes.num_frames:
             prefix = self._check_codes(codes_from_proto(start.prefix_codes), "prefix_codes")
             if prefix.shape[0] > self.config.max_prefix_frames:
-                raise InvalidRequestError(f"prefix of {prefix.shape[0]} frames exceeds {self.config.max_prefix_frames}")
+                raise InvalidRequestError(
+                    f"prefix of {prefix.shape[0]} frames exceeds {self.config.max_prefix_frames}"
+                )
         session = await self.compute.run(DecoderSession, self.decoder, prefix)
         spf = self.decoder.samples_per_frame
         pending: list[np.ndarray] = []
@@ -268,7 +280,9 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         )
 
     @handle_rpc_errors(stage="decoder")
-    async def GetStats(self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext) -> stages_pb2.StageStats:  # noqa: N802
+    async def GetStats(
+        self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.StageStats:
         return stages_pb2.StageStats(
             stage="decoder",
             running_requests=self.running,

@@ -21,11 +21,10 @@ from .server import SERVICE_NAME, GatewayServicer, server_setup
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(
         prog="python -m gateway",
-        description="qwen3-tts gateway: public TextToSpeech API over the talker, decoder and "
-                    "speaker stages")
+        description="qwen3-tts gateway: public TextToSpeech API over the talker, decoder and speaker stages",
+    )
     add_gateway_arguments(parser)
-    server_config, args = parse_server_args(argv, stage=STAGE, default_port=DEFAULT_PORT,
-                                            parser=parser)
+    server_config, args = parse_server_args(argv, stage=STAGE, default_port=DEFAULT_PORT, parser=parser)
     try:
         config = gateway_config_from_args(args)
     except ValueError as exc:
@@ -35,8 +34,14 @@ def main(argv: list[str] | None = None) -> None:
     async def run() -> None:
         servicer = GatewayServicer.from_config(config, channel_options(server_config))
         add_servicers, build_kwargs = server_setup(servicer, config)
-        await serve(server_config, add_servicers, [SERVICE_NAME], startup=servicer.start,
-                    shutdown=servicer.close, **build_kwargs)
+        await serve(
+            server_config,
+            add_servicers,
+            [SERVICE_NAME],
+            startup=servicer.start,
+            shutdown=servicer.close,
+            **build_kwargs,
+        )
 
     asyncio.run(run())
 

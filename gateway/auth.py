@@ -47,8 +47,13 @@ def extract_api_key(metadata: Iterable[tuple[str, str | bytes]] | None) -> str |
 class ApiKeyInterceptor(RefusingInterceptor):
     """Rejects calls without a valid API key (see the module doc)."""
 
-    def __init__(self, keys: Iterable[str], *, stage: str = "gateway",
-                 open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES) -> None:
+    def __init__(
+        self,
+        keys: Iterable[str],
+        *,
+        stage: str = "gateway",
+        open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES,
+    ) -> None:
         super().__init__(open_prefixes)
         self._keys = tuple(k.encode("utf-8") for k in keys if k)
         if not self._keys:
@@ -66,9 +71,10 @@ class ApiKeyInterceptor(RefusingInterceptor):
     def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
         key = extract_api_key(details.invocation_metadata)
         if key is None:
-            code, message = (grpc.StatusCode.UNAUTHENTICATED,
-                             "missing API key: send 'authorization: Bearer KEY' or "
-                             "'x-api-key: KEY' metadata")
+            code, message = (
+                grpc.StatusCode.UNAUTHENTICATED,
+                "missing API key: send 'authorization: Bearer KEY' or 'x-api-key: KEY' metadata",
+            )
         elif not self.is_valid(key):
             code, message = grpc.StatusCode.PERMISSION_DENIED, "invalid API key"
         else:

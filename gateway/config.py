@@ -127,52 +127,125 @@ def _positive_float(text: str) -> float:
 
 # (dest, flag, type, default, help)
 _FLAGS: tuple[tuple[str, str, Callable[[str], Any], Any, str], ...] = (
-    ("talker_targets", "--talker-targets", str, "",
-     "talker stage: comma-separated host:port list or one dns:///name:port target"),
-    ("decoder_targets", "--decoder-targets", str, "",
-     "decoder stage: comma-separated host:port list or one dns:///name:port target"),
-    ("speaker_targets", "--speaker-targets", str, "",
-     "speaker stage (optional; without it voice cloning from new audio is unavailable)"),
-    ("max_concurrent_streams", "--max-concurrent-streams", _positive_int, 64,
-     "Synthesize streams served at once (more: RESOURCE_EXHAUSTED)"),
+    (
+        "talker_targets",
+        "--talker-targets",
+        str,
+        "",
+        "talker stage: comma-separated host:port list or one dns:///name:port target",
+    ),
+    (
+        "decoder_targets",
+        "--decoder-targets",
+        str,
+        "",
+        "decoder stage: comma-separated host:port list or one dns:///name:port target",
+    ),
+    (
+        "speaker_targets",
+        "--speaker-targets",
+        str,
+        "",
+        "speaker stage (optional; without it voice cloning from new audio is unavailable)",
+    ),
+    (
+        "max_concurrent_streams",
+        "--max-concurrent-streams",
+        _positive_int,
+        64,
+        "Synthesize streams served at once (more: RESOURCE_EXHAUSTED)",
+    ),
     ("max_text_chars", "--max-text-chars", _positive_int, 2000, "longest accepted text"),
-    ("max_ref_audio_seconds", "--max-ref-audio-seconds", _positive_float, 60.0,
-     "longest accepted reference audio, seconds"),
-    ("max_ref_audio_bytes", "--max-ref-audio-bytes", _positive_int, 32 * 1024 * 1024,
-     "largest accepted reference audio upload, bytes"),
-    ("voices_dir", "--voices-dir", str, "",
-     "directory persisting registered voices (default: in memory only)"),
+    (
+        "max_ref_audio_seconds",
+        "--max-ref-audio-seconds",
+        _positive_float,
+        60.0,
+        "longest accepted reference audio, seconds",
+    ),
+    (
+        "max_ref_audio_bytes",
+        "--max-ref-audio-bytes",
+        _positive_int,
+        32 * 1024 * 1024,
+        "largest accepted reference audio upload, bytes",
+    ),
+    (
+        "voices_dir",
+        "--voices-dir",
+        str,
+        "",
+        "directory persisting registered voices (default: in memory only)",
+    ),
     ("max_voices", "--max-voices", _positive_int, 1000, "most registered voices"),
-    ("api_keys", "--api-keys", str, "",
-     "comma-separated API keys; when set (or --api-keys-file), RPCs need one"),
+    (
+        "api_keys",
+        "--api-keys",
+        str,
+        "",
+        "comma-separated API keys; when set (or --api-keys-file), RPCs need one",
+    ),
     ("api_keys_file", "--api-keys-file", str, "", "file with one API key per line"),
     ("tls_cert", "--tls-cert", str, "", "PEM certificate chain: serve TLS on the public port"),
     ("tls_key", "--tls-key", str, "", "PEM private key for --tls-cert"),
-    ("tls_client_ca", "--tls-client-ca", str, "",
-     "PEM CA bundle: require client certificates signed by it (mutual TLS)"),
-    ("default_first_chunk_frames", "--default-first-chunk-frames", _positive_int, 2,
-     "frames in the first audio chunk unless the request says otherwise"),
-    ("default_max_chunk_frames", "--default-max-chunk-frames", _positive_int, 25,
-     "largest audio chunk in frames unless the request says otherwise"),
-    ("stage_timeout_seconds", "--stage-timeout-seconds", _positive_float, 30.0,
-     "deadline of unary stage calls (model info, reference embedding) and of the decoder's "
-     "final flush"),
-    ("startup_timeout_seconds", "--startup-timeout-seconds", _non_negative_float, 0.0,
-     "how long startup waits for the talker (0 = forever)"),
-    ("model_info_ttl_seconds", "--model-info-ttl-seconds", _positive_float, 60.0,
-     "refresh the cached talker model info when older than this"),
+    (
+        "tls_client_ca",
+        "--tls-client-ca",
+        str,
+        "",
+        "PEM CA bundle: require client certificates signed by it (mutual TLS)",
+    ),
+    (
+        "default_first_chunk_frames",
+        "--default-first-chunk-frames",
+        _positive_int,
+        2,
+        "frames in the first audio chunk unless the request says otherwise",
+    ),
+    (
+        "default_max_chunk_frames",
+        "--default-max-chunk-frames",
+        _positive_int,
+        25,
+        "largest audio chunk in frames unless the request says otherwise",
+    ),
+    (
+        "stage_timeout_seconds",
+        "--stage-timeout-seconds",
+        _positive_float,
+        30.0,
+        "deadline of unary stage calls (model info, reference embedding) and of the decoder's final flush",
+    ),
+    (
+        "startup_timeout_seconds",
+        "--startup-timeout-seconds",
+        _non_negative_float,
+        0.0,
+        "how long startup waits for the talker (0 = forever)",
+    ),
+    (
+        "model_info_ttl_seconds",
+        "--model-info-ttl-seconds",
+        _positive_float,
+        60.0,
+        "refresh the cached talker model info when older than this",
+    ),
 )
 
 
-def add_gateway_arguments(parser: argparse.ArgumentParser,
-                          env: Mapping[str, str] | None = None) -> None:
+def add_gateway_arguments(parser: argparse.ArgumentParser, env: Mapping[str, str] | None = None) -> None:
     """Add the gateway's own flags (defaults from the environment, see the module doc)."""
     environ = os.environ if env is None else env
     group = parser.add_argument_group("gateway")
     for dest, flag, type_, default, help_text in _FLAGS:
         names = env_names(STAGE, dest)
-        group.add_argument(flag, dest=dest, type=type_, default=env_value(names, environ, default),
-                           help=f"{help_text} (env {' / '.join(names)}; default %(default)s)")
+        group.add_argument(
+            flag,
+            dest=dest,
+            type=type_,
+            default=env_value(names, environ, default),
+            help=f"{help_text} (env {' / '.join(names)}; default %(default)s)",
+        )
 
 
 def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
@@ -222,6 +295,12 @@ def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 
 __all__ = [
-    "DEFAULT_PORT", "GatewayConfig", "MAX_CHUNK_FRAMES_LIMIT", "STAGE", "add_gateway_arguments",
-    "gateway_config_from_args", "parse_targets", "read_api_keys_file",
+    "DEFAULT_PORT",
+    "GatewayConfig",
+    "MAX_CHUNK_FRAMES_LIMIT",
+    "STAGE",
+    "add_gateway_arguments",
+    "gateway_config_from_args",
+    "parse_targets",
+    "read_api_keys_file",
 ]

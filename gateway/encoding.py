@@ -176,12 +176,12 @@ class SoundFileEncoder(AudioEncoder):
         self._sink = _StreamSink()
         try:
             self._file: sf.SoundFile | None = sf.SoundFile(
-                self._sink, "w", samplerate=sample_rate, channels=1, format=container,
-                subtype=subtype)
+                self._sink, "w", samplerate=sample_rate, channels=1, format=container, subtype=subtype
+            )
         except Exception as exc:  # LibsndfileError/TypeError: unsupported by this libsndfile
             raise InvalidRequestError(
-                f"output encoding {ENCODING_NAMES[encoding]} at {sample_rate} Hz is not "
-                f"supported: {exc}") from exc
+                f"output encoding {ENCODING_NAMES[encoding]} at {sample_rate} Hz is not supported: {exc}"
+            ) from exc
 
     def encode(self, samples: np.ndarray) -> bytes:
         assert self._file is not None, "encode() after finish()"
@@ -205,16 +205,17 @@ def check_output_format(encoding: int, sample_rate: int) -> None:
     """InvalidRequestError unless ``encoding`` at ``sample_rate`` can be produced."""
     if encoding not in ENCODING_NAMES:
         raise InvalidRequestError(
-            f"unknown output.encoding {encoding} (expected one of "
-            f"{', '.join(ENCODING_NAMES.values())})")
+            f"unknown output.encoding {encoding} (expected one of {', '.join(ENCODING_NAMES.values())})"
+        )
     if not MIN_OUTPUT_SAMPLE_RATE <= sample_rate <= MAX_OUTPUT_SAMPLE_RATE:
         raise InvalidRequestError(
             f"output.sample_rate {sample_rate} Hz is out of range (0 for the native "
-            f"{NATIVE_SAMPLE_RATE} Hz, or {MIN_OUTPUT_SAMPLE_RATE}..{MAX_OUTPUT_SAMPLE_RATE} Hz)")
+            f"{NATIVE_SAMPLE_RATE} Hz, or {MIN_OUTPUT_SAMPLE_RATE}..{MAX_OUTPUT_SAMPLE_RATE} Hz)"
+        )
     if encoding == tts_pb2.AUDIO_ENCODING_OGG_OPUS and sample_rate not in OPUS_SAMPLE_RATES:
         raise InvalidRequestError(
-            f"OGG_OPUS supports sample rates {', '.join(map(str, OPUS_SAMPLE_RATES))} Hz, "
-            f"got {sample_rate}")
+            f"OGG_OPUS supports sample rates {', '.join(map(str, OPUS_SAMPLE_RATES))} Hz, got {sample_rate}"
+        )
 
 
 def create_encoder(encoding: int, sample_rate: int) -> AudioEncoder:
@@ -264,13 +265,13 @@ class StreamResampler:
 class AudioOutput:
     """Resampling (if the output rate is not native) followed by the encoder."""
 
-    def __init__(self, encoding: int, sample_rate: int,
-                 input_sample_rate: int = NATIVE_SAMPLE_RATE) -> None:
+    def __init__(self, encoding: int, sample_rate: int, input_sample_rate: int = NATIVE_SAMPLE_RATE) -> None:
         self.encoding = encoding
         self.sample_rate = sample_rate
         self.encoder = create_encoder(encoding, sample_rate)
-        self.resampler = (StreamResampler(input_sample_rate, sample_rate)
-                          if sample_rate != input_sample_rate else None)
+        self.resampler = (
+            StreamResampler(input_sample_rate, sample_rate) if sample_rate != input_sample_rate else None
+        )
 
     @property
     def blocking(self) -> bool:
@@ -294,7 +295,18 @@ class AudioOutput:
 
 
 __all__ = [
-    "AudioEncoder", "AudioOutput", "ENCODING_NAMES", "Float32Encoder", "MAX_OUTPUT_SAMPLE_RATE",
-    "MIN_OUTPUT_SAMPLE_RATE", "NATIVE_SAMPLE_RATE", "OPUS_SAMPLE_RATES", "Pcm16Encoder",
-    "SoundFileEncoder", "StreamResampler", "WavEncoder", "check_output_format", "create_encoder",
+    "AudioEncoder",
+    "AudioOutput",
+    "ENCODING_NAMES",
+    "Float32Encoder",
+    "MAX_OUTPUT_SAMPLE_RATE",
+    "MIN_OUTPUT_SAMPLE_RATE",
+    "NATIVE_SAMPLE_RATE",
+    "OPUS_SAMPLE_RATES",
+    "Pcm16Encoder",
+    "SoundFileEncoder",
+    "StreamResampler",
+    "WavEncoder",
+    "check_output_format",
+    "create_encoder",
 ]

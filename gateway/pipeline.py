@@ -28,12 +28,20 @@ CANCEL_WRITE_TIMEOUT_S = 0.5
 
 # Upstream statuses passed to the client unchanged (the stage's message, prefixed by its name).
 _PASS_THROUGH = {
-    grpc.StatusCode.INVALID_ARGUMENT, grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED, grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.DEADLINE_EXCEEDED, grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.UNIMPLEMENTED, grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.ALREADY_EXISTS, grpc.StatusCode.ABORTED, grpc.StatusCode.DATA_LOSS,
+    grpc.StatusCode.INVALID_ARGUMENT,
+    grpc.StatusCode.NOT_FOUND,
+    grpc.StatusCode.RESOURCE_EXHAUSTED,
+    grpc.StatusCode.FAILED_PRECONDITION,
+    grpc.StatusCode.DEADLINE_EXCEEDED,
+    grpc.StatusCode.OUT_OF_RANGE,
+    grpc.StatusCode.UNIMPLEMENTED,
+    grpc.StatusCode.INTERNAL,
+    grpc.StatusCode.UNKNOWN,
+    grpc.StatusCode.PERMISSION_DENIED,
+    grpc.StatusCode.UNAUTHENTICATED,
+    grpc.StatusCode.ALREADY_EXISTS,
+    grpc.StatusCode.ABORTED,
+    grpc.StatusCode.DATA_LOSS,
 }
 
 
@@ -60,12 +68,12 @@ class StageError(TTSError):
 class SynthesisPipeline:
     """Talker -> decoder streaming for one request (see the module doc). Use as::
 
-        pipeline = SynthesisPipeline(talker_stub, decoder_stub, talker_request, decode_start)
-        try:
-            await pipeline.start()
-            async for pcm in pipeline.pcm_chunks(): ...
-        finally:
-            await pipeline.close()
+    pipeline = SynthesisPipeline(talker_stub, decoder_stub, talker_request, decode_start)
+    try:
+        await pipeline.start()
+        async for pcm in pipeline.pcm_chunks(): ...
+    finally:
+        await pipeline.close()
     """
 
     def __init__(
@@ -100,14 +108,14 @@ class SynthesisPipeline:
 
     async def start(self) -> None:
         """Open both calls and send the first messages (StageError if a stage is down)."""
-        self._talker_call = self._talker_stub.Generate(timeout=self._timeout,
-                                                       metadata=self._metadata)
-        self._decoder_call = self._decoder_stub.Decode(timeout=self._timeout,
-                                                       metadata=self._metadata)
-        await self._write("talker", self._talker_call,
-                          stages_pb2.TalkerClientMessage(request=self._talker_request))
-        await self._write("decoder", self._decoder_call,
-                          stages_pb2.DecoderClientMessage(start=self._decode_start))
+        self._talker_call = self._talker_stub.Generate(timeout=self._timeout, metadata=self._metadata)
+        self._decoder_call = self._decoder_stub.Decode(timeout=self._timeout, metadata=self._metadata)
+        await self._write(
+            "talker", self._talker_call, stages_pb2.TalkerClientMessage(request=self._talker_request)
+        )
+        await self._write(
+            "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(start=self._decode_start)
+        )
         self._pump = asyncio.create_task(self._forward_frames(), name="talker->decoder")
 
     @staticmethod
@@ -128,18 +136,21 @@ class SynthesisPipeline:
             except grpc.aio.AioRpcError as exc:
                 raise StageError.from_rpc_error("talker", exc) from exc
             if message is grpc.aio.EOF:
-                raise StageError("talker", grpc.StatusCode.UNAVAILABLE,
-                                 "the Generate stream ended without TalkerDone")
+                raise StageError(
+                    "talker", grpc.StatusCode.UNAVAILABLE, "the Generate stream ended without TalkerDone"
+                )
             kind = message.WhichOneof("message")
             if kind == "chunk":
-                await self._write("decoder", self._decoder_call,
-                                  stages_pb2.DecoderClientMessage(chunk=message.chunk))
+                await self._write(
+                    "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(chunk=message.chunk)
+                )
                 self.frames_forwarded += message.chunk.codes.num_frames
             elif kind == "done":
                 self.talker_done = message.done
                 break
-        await self._write("decoder", self._decoder_call,
-                          stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd()))
+        await self._write(
+            "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd())
+        )
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
             await self._decoder_call.done_writing()
         with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
@@ -162,8 +173,10 @@ class SynthesisPipeline:
                         await asyncio.wait({read}, timeout=self._drain_timeout)
                         if not read.done():
                             raise StageError(
-                                "decoder", grpc.StatusCode.UNAVAILABLE,
-                                f"no output for {self._drain_timeout:g} s after the end of input")
+                                "decoder",
+                                grpc.StatusCode.UNAVAILABLE,
+                                f"no output for {self._drain_timeout:g} s after the end of input",
+                            )
                     else:
                         await asyncio.wait({read, pump}, return_when=asyncio.FIRST_COMPLETED)
             finally:
@@ -187,8 +200,9 @@ class SynthesisPipeline:
         except grpc.aio.AioRpcError as exc:
             raise StageError.from_rpc_error("decoder", exc) from exc
         if message is grpc.aio.EOF:
-            raise StageError("decoder", grpc.StatusCode.UNAVAILABLE,
-                             "the Decode stream ended without DecodeDone")
+            raise StageError(
+                "decoder", grpc.StatusCode.UNAVAILABLE, "the Decode stream ended without DecodeDone"
+            )
         return message  # type: ignore[return-value]
 
     async def close(self) -> None:
@@ -199,9 +213,14 @@ class SynthesisPipeline:
             try:
                 await asyncio.wait_for(
                     talker.write(stages_pb2.TalkerClientMessage(cancel=stages_pb2.Cancel())),
-                    CANCEL_WRITE_TIMEOUT_S)
-            except (grpc.aio.AioRpcError, asyncio.InvalidStateError, asyncio.TimeoutError,
-                    grpc.aio.UsageError):
+                    CANCEL_WRITE_TIMEOUT_S,
+                )
+            except (
+                grpc.aio.AioRpcError,
+                asyncio.InvalidStateError,
+                asyncio.TimeoutError,
+                grpc.aio.UsageError,
+            ):
                 pass
             except asyncio.CancelledError:
                 # Cancelled again while cleaning up: still cancel the calls, then re-raise.
@@ -213,9 +232,11 @@ class SynthesisPipeline:
                 await pump
 
     @staticmethod
-    def _cancel_all(talker: grpc.aio.StreamStreamCall | None,
-                    decoder: grpc.aio.StreamStreamCall | None,
-                    pump: asyncio.Task[None] | None) -> None:
+    def _cancel_all(
+        talker: grpc.aio.StreamStreamCall | None,
+        decoder: grpc.aio.StreamStreamCall | None,
+        pump: asyncio.Task[None] | None,
+    ) -> None:
         if talker is not None and not talker.done():
             talker.cancel()
         if decoder is not None and not decoder.done():

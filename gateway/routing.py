@@ -67,8 +67,10 @@ class StageClient(Generic[StubT]):
             raise ValueError(f"no targets for the {stage} stage")
         uris = [t for t in targets if is_target_uri(t)]
         if uris and len(targets) > 1:
-            raise ValueError(f"{stage} targets: a resolver URI ({uris[0]}) must be the only "
-                             "target; list plain host:port targets instead")
+            raise ValueError(
+                f"{stage} targets: a resolver URI ({uris[0]}) must be the only "
+                "target; list plain host:port targets instead"
+            )
         self.stage = stage
         self.targets: tuple[str, ...] = tuple(targets)
         self._rr = itertools.count()
@@ -77,9 +79,11 @@ class StageClient(Generic[StubT]):
             opts = list(options)
             if is_target_uri(target):
                 opts.append(("grpc.lb_policy_name", "round_robin"))
-            channel = (grpc.aio.secure_channel(target, credentials, options=opts)
-                       if credentials is not None
-                       else grpc.aio.insecure_channel(target, options=opts))
+            channel = (
+                grpc.aio.secure_channel(target, credentials, options=opts)
+                if credentials is not None
+                else grpc.aio.insecure_channel(target, options=opts)
+            )
             self.endpoints.append(Endpoint(target, channel, stub_factory(channel)))
 
     def _choose(self) -> Endpoint[StubT]:
@@ -88,8 +92,7 @@ class StageClient(Generic[StubT]):
             return self.endpoints[0]
         start = next(self._rr) % n
         ordered = self.endpoints[start:] + self.endpoints[:start]
-        healthy = [e for e in ordered
-                   if e.state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE]
+        healthy = [e for e in ordered if e.state() is not grpc.ChannelConnectivity.TRANSIENT_FAILURE]
         candidates = healthy or ordered
         return min(candidates, key=lambda e: e.in_flight)  # min keeps the first of ties
 

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import math
 import secrets
-from dataclasses import dataclass
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from tts_common.audio import AudioError, AudioLimits, load_audio
@@ -31,16 +31,32 @@ ABSOLUTE_MAX_NEW_TOKENS = 32768
 length (~43 min of audio)."""
 
 BUILTIN_SAMPLING = tts_pb2.SamplingOptions(
-    do_sample=True, temperature=0.9, top_k=50, top_p=1.0, repetition_penalty=1.05,
-    subtalker_do_sample=True, subtalker_temperature=0.9, subtalker_top_k=50, subtalker_top_p=1.0,
+    do_sample=True,
+    temperature=0.9,
+    top_k=50,
+    top_p=1.0,
+    repetition_penalty=1.05,
+    subtalker_do_sample=True,
+    subtalker_temperature=0.9,
+    subtalker_top_k=50,
+    subtalker_top_p=1.0,
     max_new_tokens=2048,
 )
 """Used for fields the talker's ModelInfo.default_sampling leaves unset (official wrapper
 defaults, ARCHITECTURE.md §7)."""
 
-SAMPLING_FIELDS = ("do_sample", "temperature", "top_k", "top_p", "repetition_penalty",
-                   "subtalker_do_sample", "subtalker_temperature", "subtalker_top_k",
-                   "subtalker_top_p", "max_new_tokens")
+SAMPLING_FIELDS = (
+    "do_sample",
+    "temperature",
+    "top_k",
+    "top_p",
+    "repetition_penalty",
+    "subtalker_do_sample",
+    "subtalker_temperature",
+    "subtalker_top_k",
+    "subtalker_top_p",
+    "max_new_tokens",
+)
 
 MAX_VOICE_NAME_CHARS = 200
 
@@ -52,8 +68,11 @@ _REF_ENCODINGS = {
     tts_pb2.REFERENCE_AUDIO_ENCODING_RAW_FLOAT32: "float32",
     tts_pb2.REFERENCE_AUDIO_ENCODING_RAW_PCM16: "pcm16",
 }
-_TEXT_FEEDINGS = (tts_pb2.TEXT_FEEDING_DEFAULT, tts_pb2.TEXT_FEEDING_NON_STREAMING,
-                  tts_pb2.TEXT_FEEDING_STREAMING)
+_TEXT_FEEDINGS = (
+    tts_pb2.TEXT_FEEDING_DEFAULT,
+    tts_pb2.TEXT_FEEDING_NON_STREAMING,
+    tts_pb2.TEXT_FEEDING_STREAMING,
+)
 
 
 @dataclass(frozen=True)
@@ -100,8 +119,7 @@ def check_text(text: str, limits: RequestLimits, field: str = "text") -> str:
     if not text.strip():
         raise _fail(f"{field} is empty")
     if len(text) > limits.max_text_chars:
-        raise _fail(f"{field} is too long: {len(text)} characters "
-                    f"(maximum {limits.max_text_chars})")
+        raise _fail(f"{field} is too long: {len(text)} characters (maximum {limits.max_text_chars})")
     return text
 
 
@@ -112,8 +130,10 @@ def resolve_language(language: str, info: tts_pb2.ModelInfo) -> str:
         return "auto"
     available = [lang.lower() for lang in info.languages]
     if name not in available:
-        raise _fail(f"unknown language {language!r} for the {_model_label(info)} model "
-                    f"(available: {', '.join(available) or 'auto'})")
+        raise _fail(
+            f"unknown language {language!r} for the {_model_label(info)} model "
+            f"(available: {', '.join(available) or 'auto'})"
+        )
     return name
 
 
@@ -136,23 +156,20 @@ def check_voice_kind(kind: VoiceKind, info: tts_pb2.ModelInfo) -> None:
     if kind == "speaker":
         if model_type == "custom_voice" or (not model_type and info.speakers):
             return
-        hint = ("use voice_id or clone" if info.voice_clone_supported
-                else "describe the voice in instruct")
-        raise _fail(f"preset speakers need a custom_voice model; this server runs a {label} "
-                    f"model ({hint})")
+        hint = "use voice_id or clone" if info.voice_clone_supported else "describe the voice in instruct"
+        raise _fail(f"preset speakers need a custom_voice model; this server runs a {label} model ({hint})")
     if kind in ("voice_id", "clone"):
         if info.voice_clone_supported or model_type == "base":
             return
-        hint = (f"use speaker, one of: {speakers}" if info.speakers
-                else "describe the voice in instruct")
-        raise _fail(f"voice cloning ({kind}) needs a base model; this server runs a {label} "
-                    f"model ({hint})")
+        hint = f"use speaker, one of: {speakers}" if info.speakers else "describe the voice in instruct"
+        raise _fail(f"voice cloning ({kind}) needs a base model; this server runs a {label} model ({hint})")
     # no voice given
     if model_type == "custom_voice" or (not model_type and info.speakers):
         raise _fail(f"speaker is required for custom_voice models (available: {speakers})")
     if model_type == "base":
-        raise _fail("a voice is required for base models: set voice_id (see RegisterVoice) "
-                    "or clone (reference audio)")
+        raise _fail(
+            "a voice is required for base models: set voice_id (see RegisterVoice) or clone (reference audio)"
+        )
 
 
 def check_instruct(instruct: str, info: tts_pb2.ModelInfo, limits: RequestLimits) -> str:
@@ -161,8 +178,10 @@ def check_instruct(instruct: str, info: tts_pb2.ModelInfo, limits: RequestLimits
     if not instruct.strip():
         return ""
     if not info.instruct_supported:
-        raise _fail(f"instruct is not supported by the {_model_label(info)} model "
-                    "(ListVoices.instruct_supported is false)")
+        raise _fail(
+            f"instruct is not supported by the {_model_label(info)} model "
+            "(ListVoices.instruct_supported is false)"
+        )
     return check_text(instruct, limits, "instruct")
 
 
@@ -173,30 +192,38 @@ def check_clone(clone: tts_pb2.VoiceClone, limits: RequestLimits, field: str = "
     if not clone.ref_audio:
         raise _fail(f"{field}.ref_audio is empty")
     if len(clone.ref_audio) > limits.max_ref_audio_bytes:
-        raise _fail(f"{field}.ref_audio is too large: {len(clone.ref_audio)} bytes "
-                    f"(maximum {limits.max_ref_audio_bytes})")
+        raise _fail(
+            f"{field}.ref_audio is too large: {len(clone.ref_audio)} bytes "
+            f"(maximum {limits.max_ref_audio_bytes})"
+        )
     if clone.x_vector_only:
         if clone.ref_text.strip():
-            raise _fail(f"{field}.ref_text must be empty with x_vector_only (an x-vector-only "
-                        "clone uses no transcript)")
+            raise _fail(
+                f"{field}.ref_text must be empty with x_vector_only (an x-vector-only "
+                "clone uses no transcript)"
+            )
     else:
         if not clone.ref_text.strip():
-            raise _fail(f"{field}.ref_text (the transcript of ref_audio) is required unless "
-                        "x_vector_only is set")
+            raise _fail(
+                f"{field}.ref_text (the transcript of ref_audio) is required unless x_vector_only is set"
+            )
         check_text(clone.ref_text, limits, f"{field}.ref_text")
 
 
-def decode_reference(clone: tts_pb2.VoiceClone, limits: RequestLimits,
-                     field: str = "clone") -> float:
+def decode_reference(clone: tts_pb2.VoiceClone, limits: RequestLimits, field: str = "clone") -> float:
     """Decode the reference audio as the speaker stage will (CPU work: run in a thread);
     returns its duration in seconds. INVALID_ARGUMENT for undecodable, empty, too long, bad
     rate, NaN audio."""
     encoding = _REF_ENCODINGS[clone.ref_audio_encoding]
     rate = None if encoding == "file" else (clone.ref_audio_sample_rate or None)
     try:
-        samples = load_audio(clone.ref_audio, rate, encoding=encoding,  # type: ignore[arg-type]
-                             target_sample_rate=NATIVE_SAMPLE_RATE,
-                             limits=AudioLimits(max_seconds=limits.max_ref_audio_seconds))
+        samples = load_audio(
+            clone.ref_audio,
+            rate,
+            encoding=encoding,  # type: ignore[arg-type]
+            target_sample_rate=NATIVE_SAMPLE_RATE,
+            limits=AudioLimits(max_seconds=limits.max_ref_audio_seconds),
+        )
     except AudioError as exc:
         raise _fail(f"{field}.ref_audio: {exc}") from exc
     return samples.shape[0] / NATIVE_SAMPLE_RATE
@@ -245,8 +272,7 @@ def new_seed() -> int:
     return secrets.randbelow(2**31)
 
 
-def resolve_sampling(options: tts_pb2.SamplingOptions,
-                     info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
+def resolve_sampling(options: tts_pb2.SamplingOptions, info: tts_pb2.ModelInfo) -> tts_pb2.SamplingOptions:
     """Client values (checked) over the model defaults: every field set, the seed drawn if the
     client gave none; ``max_new_tokens`` only if the client set it (see the comment below)."""
     for name, check in _SAMPLING_CHECKS:
@@ -255,8 +281,10 @@ def resolve_sampling(options: tts_pb2.SamplingOptions,
     if options.HasField("max_new_tokens"):
         limit = info.max_new_tokens_limit or ABSOLUTE_MAX_NEW_TOKENS
         if not 2 <= options.max_new_tokens <= limit:
-            raise _fail(f"sampling.max_new_tokens must be in [2, {limit}] (M steps give at "
-                        f"most M-1 frames), got {options.max_new_tokens}")
+            raise _fail(
+                f"sampling.max_new_tokens must be in [2, {limit}] (M steps give at "
+                f"most M-1 frames), got {options.max_new_tokens}"
+            )
     resolved = default_sampling(info)
     resolved.MergeFrom(options)  # set fields of `options` win (proto3 optional presence)
     if not options.HasField("max_new_tokens"):
@@ -291,21 +319,22 @@ def resolve_output(output: tts_pb2.AudioFormat, info: tts_pb2.ModelInfo) -> tupl
     return encoding, sample_rate
 
 
-def resolve_streaming(streaming: tts_pb2.StreamingOptions,
-                      limits: RequestLimits) -> tuple[int, int]:
+def resolve_streaming(streaming: tts_pb2.StreamingOptions, limits: RequestLimits) -> tuple[int, int]:
     """(first_chunk_frames, max_chunk_frames) with 0 -> the defaults; a single explicit value
     that contradicts the other default moves that default along."""
     for name in ("first_chunk_frames", "max_chunk_frames"):
         value = getattr(streaming, name)
         if not 0 <= value <= MAX_CHUNK_FRAMES_LIMIT:
-            raise _fail(f"streaming.{name} must be in [0, {MAX_CHUNK_FRAMES_LIMIT}] "
-                        f"(0 = server default), got {value}")
+            raise _fail(
+                f"streaming.{name} must be in [0, {MAX_CHUNK_FRAMES_LIMIT}] (0 = server default), got {value}"
+            )
     first = streaming.first_chunk_frames or limits.default_first_chunk_frames
     largest = streaming.max_chunk_frames or limits.default_max_chunk_frames
     if largest < first:
         if streaming.first_chunk_frames and streaming.max_chunk_frames:
-            raise _fail(f"streaming.max_chunk_frames ({largest}) must be >= "
-                        f"streaming.first_chunk_frames ({first})")
+            raise _fail(
+                f"streaming.max_chunk_frames ({largest}) must be >= streaming.first_chunk_frames ({first})"
+            )
         if streaming.max_chunk_frames:
             first = largest
         else:
@@ -313,8 +342,9 @@ def resolve_streaming(streaming: tts_pb2.StreamingOptions,
     return first, largest
 
 
-def validate_synthesize(request: tts_pb2.SynthesizeRequest, info: tts_pb2.ModelInfo,
-                        limits: RequestLimits) -> SynthesisPlan:
+def validate_synthesize(
+    request: tts_pb2.SynthesizeRequest, info: tts_pb2.ModelInfo, limits: RequestLimits
+) -> SynthesisPlan:
     """Check a Synthesize request against the loaded model and resolve its defaults (without
     decoding reference audio: see :func:`decode_reference`)."""
     text = check_text(request.text, limits)
@@ -332,35 +362,60 @@ def validate_synthesize(request: tts_pb2.SynthesizeRequest, info: tts_pb2.ModelI
         raise _fail(f"unknown text_feeding {request.text_feeding}")
     text_feeding = request.text_feeding
     if text_feeding == tts_pb2.TEXT_FEEDING_DEFAULT:  # the official API's per-kind default
-        text_feeding = (tts_pb2.TEXT_FEEDING_STREAMING if kind in ("voice_id", "clone")
-                        else tts_pb2.TEXT_FEEDING_NON_STREAMING)
+        text_feeding = (
+            tts_pb2.TEXT_FEEDING_STREAMING
+            if kind in ("voice_id", "clone")
+            else tts_pb2.TEXT_FEEDING_NON_STREAMING
+        )
     sampling = resolve_sampling(request.sampling, info)
     encoding, sample_rate = resolve_output(request.output, info)
     first, largest = resolve_streaming(request.streaming, limits)
     return SynthesisPlan(
-        text=text, language=language, voice_kind=kind, speaker=speaker,
-        voice_id=request.voice_id.strip() if kind == "voice_id" else "", clone=clone,
-        instruct=instruct, text_feeding=text_feeding, sampling=sampling, encoding=encoding,
-        sample_rate=sample_rate, first_chunk_frames=first, max_chunk_frames=largest,
+        text=text,
+        language=language,
+        voice_kind=kind,
+        speaker=speaker,
+        voice_id=request.voice_id.strip() if kind == "voice_id" else "",
+        clone=clone,
+        instruct=instruct,
+        text_feeding=text_feeding,
+        sampling=sampling,
+        encoding=encoding,
+        sample_rate=sample_rate,
+        first_chunk_frames=first,
+        max_chunk_frames=largest,
     )
 
 
-def validate_register(request: tts_pb2.RegisterVoiceRequest, info: tts_pb2.ModelInfo,
-                      limits: RequestLimits) -> None:
+def validate_register(
+    request: tts_pb2.RegisterVoiceRequest, info: tts_pb2.ModelInfo, limits: RequestLimits
+) -> None:
     """Checks of a RegisterVoice request (base models only; reference like ``clone``)."""
     check_voice_kind("clone", info)
     if len(request.name) > MAX_VOICE_NAME_CHARS:
-        raise _fail(f"name is too long: {len(request.name)} characters "
-                    f"(maximum {MAX_VOICE_NAME_CHARS})")
+        raise _fail(f"name is too long: {len(request.name)} characters (maximum {MAX_VOICE_NAME_CHARS})")
     if not request.HasField("reference"):
         raise _fail("reference (reference audio and transcript) is required")
     check_clone(request.reference, limits, "reference")
 
 
 __all__ = [
-    "ABSOLUTE_MAX_NEW_TOKENS", "BUILTIN_SAMPLING", "RequestLimits", "SynthesisPlan",
-    "check_clone", "check_instruct", "check_text", "check_voice_kind", "decode_reference",
-    "default_sampling", "effective_model_info",
-    "new_seed", "resolve_language", "resolve_output", "resolve_sampling", "resolve_streaming",
-    "validate_register", "validate_synthesize",
+    "ABSOLUTE_MAX_NEW_TOKENS",
+    "BUILTIN_SAMPLING",
+    "RequestLimits",
+    "SynthesisPlan",
+    "check_clone",
+    "check_instruct",
+    "check_text",
+    "check_voice_kind",
+    "decode_reference",
+    "default_sampling",
+    "effective_model_info",
+    "new_seed",
+    "resolve_language",
+    "resolve_output",
+    "resolve_sampling",
+    "resolve_streaming",
+    "validate_register",
+    "validate_synthesize",
 ]

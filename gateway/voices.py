@@ -73,7 +73,9 @@ class StoredVoice:
             "model_name": self.model_name,
             "audio_sha256": self.audio_sha256,
             "speaker_embedding": list(self.speaker_embedding),
-            "ref_codes": None if codes is None else {
+            "ref_codes": None
+            if codes is None
+            else {
                 "num_frames": codes.num_frames,
                 "num_codebooks": codes.num_codebooks,
                 "values": list(codes.values),
@@ -90,9 +92,11 @@ class StoredVoice:
         codes = data.get("ref_codes")
         ref_codes = None
         if codes is not None:
-            ref_codes = stages_pb2.Codes(num_frames=int(codes["num_frames"]),
-                                         num_codebooks=int(codes["num_codebooks"]),
-                                         values=[int(v) for v in codes["values"]])
+            ref_codes = stages_pb2.Codes(
+                num_frames=int(codes["num_frames"]),
+                num_codebooks=int(codes["num_codebooks"]),
+                values=[int(v) for v in codes["values"]],
+            )
             if len(ref_codes.values) != ref_codes.num_frames * ref_codes.num_codebooks:
                 raise ValueError("ref_codes size does not match num_frames x num_codebooks")
         voice_id = str(data["voice_id"])
@@ -100,9 +104,13 @@ class StoredVoice:
             raise ValueError(f"malformed voice_id {voice_id!r}")
         return cls(
             voice=tts_pb2.Voice(
-                voice_id=voice_id, name=str(data.get("name", "")),
-                x_vector_only=bool(data["x_vector_only"]), ref_text=str(data.get("ref_text", "")),
-                ref_audio_seconds=float(data.get("ref_audio_seconds", 0.0)), created_at=created),
+                voice_id=voice_id,
+                name=str(data.get("name", "")),
+                x_vector_only=bool(data["x_vector_only"]),
+                ref_text=str(data.get("ref_text", "")),
+                ref_audio_seconds=float(data.get("ref_audio_seconds", 0.0)),
+                created_at=created,
+            ),
             speaker_embedding=[float(v) for v in data["speaker_embedding"]],
             ref_codes=ref_codes,
             model_name=str(data.get("model_name", "")),
@@ -113,8 +121,7 @@ class StoredVoice:
 class VoiceStore:
     """Registered voices by id, optionally persisted in ``directory``."""
 
-    def __init__(self, directory: str | os.PathLike[str] | None = None,
-                 max_voices: int = 1000) -> None:
+    def __init__(self, directory: str | os.PathLike[str] | None = None, max_voices: int = 1000) -> None:
         self.directory = Path(directory) if directory else None
         self.max_voices = max_voices
         self._voices: dict[str, StoredVoice] = {}
@@ -140,9 +147,10 @@ class VoiceStore:
 
     def list_voices(self) -> list[StoredVoice]:
         """All voices, oldest first."""
-        return sorted(self._voices.values(),
-                      key=lambda v: (v.voice.created_at.seconds, v.voice.created_at.nanos,
-                                     v.voice_id))
+        return sorted(
+            self._voices.values(),
+            key=lambda v: (v.voice.created_at.seconds, v.voice.created_at.nanos, v.voice_id),
+        )
 
     def get(self, voice_id: str) -> StoredVoice:
         """The voice ``voice_id``; :class:`NotFoundError` if unknown.
@@ -173,7 +181,8 @@ class VoiceStore:
         """:class:`CapacityError` if no further voice can be registered."""
         if len(self._voices) >= self.max_voices:
             raise CapacityError(
-                f"voice limit reached ({self.max_voices} registered voices); delete some first")
+                f"voice limit reached ({self.max_voices} registered voices); delete some first"
+            )
 
     async def add(self, voice: StoredVoice) -> None:
         """Store (and persist) a new voice; :class:`CapacityError` beyond ``max_voices``."""

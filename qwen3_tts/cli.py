@@ -1,10 +1,10 @@
 """The ``qwen3-tts`` command.
 
-  synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
-  make-dev-model  write a small random checkpoint in the official layout
-  up              run the four stage processes locally (dev checkpoint when no --model)
-  say             call Synthesize on a running gateway and write a WAV file
-  health          exit 0 iff a server's gRPC health status is SERVING (container probes)
+synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
+make-dev-model  write a small random checkpoint in the official layout
+up              run the four stage processes locally (dev checkpoint when no --model)
+say             call Synthesize on a running gateway and write a WAV file
+health          exit 0 iff a server's gRPC health status is SERVING (container probes)
 """
 
 from __future__ import annotations
@@ -59,8 +59,14 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
             raise ValueError("--text needs --out")
         requests = [
             OfflineRequest(
-                id="out", text=args.text, language=args.language, speaker=args.speaker, instruct=args.instruct,
-                non_streaming_text=args.non_streaming_text, ref_audio=args.ref_audio, ref_text=args.ref_text,
+                id="out",
+                text=args.text,
+                language=args.language,
+                speaker=args.speaker,
+                instruct=args.instruct,
+                non_streaming_text=args.non_streaming_text,
+                ref_audio=args.ref_audio,
+                ref_text=args.ref_text,
                 x_vector_only=args.x_vector_only,
             )
         ]
@@ -70,7 +76,9 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         raise ValueError("--ref-text needs --ref-audio")
     synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
     if args.greedy:
-        params = SamplingParams.from_defaults(synth.talker.config.generation, do_sample=False, subtalker_dosample=False)
+        params = SamplingParams.from_defaults(
+            synth.talker.config.generation, do_sample=False, subtalker_dosample=False
+        )
     else:
         params = SamplingParams.from_defaults(synth.talker.config.generation, seed=args.seed)
     results = synth.synthesize(requests, params, args.max_new_tokens)
@@ -110,11 +118,19 @@ def cmd_make_dev_model(args: argparse.Namespace) -> int:
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
     p.add_argument("--model", type=Path, help="checkpoint directory (default: the dev checkpoint)")
-    p.add_argument("--dev-model-dir", type=Path, default=Path(".dev-model"),
-                   help="where dev checkpoints live (one sub-folder per type)")
-    p.add_argument("--dev-model-type", default="voice_design", choices=["custom_voice", "base", "voice_design"],
-                   help="dev checkpoint type: voice_design (no voice needed), custom_voice (preset speakers) "
-                        "or base (voice cloning through the speaker stage)")
+    p.add_argument(
+        "--dev-model-dir",
+        type=Path,
+        default=Path(".dev-model"),
+        help="where dev checkpoints live (one sub-folder per type)",
+    )
+    p.add_argument(
+        "--dev-model-type",
+        default="voice_design",
+        choices=["custom_voice", "base", "voice_design"],
+        help="dev checkpoint type: voice_design (no voice needed), custom_voice (preset speakers) "
+        "or base (voice cloning through the speaker stage)",
+    )
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (stages always on loopback)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
@@ -181,7 +197,9 @@ def cmd_health(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="qwen3-tts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        prog="qwen3-tts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     sub = parser.add_subparsers(dest="command", required=True)
     for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health):
         add(sub)

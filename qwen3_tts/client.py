@@ -59,7 +59,12 @@ def say(args: argparse.Namespace) -> int:
                     seconds = sum(len(p) for p in pieces) / sample_rate
                     if len(pieces) == 1:
                         print(f"first audio after {1000 * (time.monotonic() - t0):.0f} ms", file=sys.stderr)
-                    print(f"\r{len(pieces)} chunks, {seconds:.2f} s of audio", end="", file=sys.stderr, flush=True)
+                    print(
+                        f"\r{len(pieces)} chunks, {seconds:.2f} s of audio",
+                        end="",
+                        file=sys.stderr,
+                        flush=True,
+                    )
                 elif kind == "summary":
                     summary = response.summary
         except grpc.RpcError as exc:

@@ -27,9 +27,16 @@ from tts_common.release_dims import encoder_config_dict, talker_config_dict
 ASSETS = Path(__file__).parent / "dev_assets"
 MODEL_TYPES = ("custom_voice", "base", "voice_design")
 GENERATION_CONFIG = {
-    "do_sample": True, "repetition_penalty": 1.05, "temperature": 0.9, "top_p": 1.0, "top_k": 50,
-    "subtalker_dosample": True, "subtalker_temperature": 0.9, "subtalker_top_p": 1.0,
-    "subtalker_top_k": 50, "max_new_tokens": 8192,
+    "do_sample": True,
+    "repetition_penalty": 1.05,
+    "temperature": 0.9,
+    "top_p": 1.0,
+    "top_k": 50,
+    "subtalker_dosample": True,
+    "subtalker_temperature": 0.9,
+    "subtalker_top_p": 1.0,
+    "subtalker_top_k": 50,
+    "max_new_tokens": 8192,
 }
 EOS_LOGIT_SCALE = 2.0
 """The EOS row of the codec head is scaled so random dev models end utterances within a few
@@ -48,23 +55,42 @@ def dev_model_config(model_type: str) -> dict[str, Any]:
         raise ValueError(f"model type must be one of {MODEL_TYPES}, got {model_type!r}")
     ids = _special_ids()
     talker = talker_config_dict("1b7", model_type) | {
-        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2, "num_attention_heads": 4,
-        "num_key_value_heads": 2, "head_dim": 16, "text_hidden_size": 32, "text_vocab_size": 2560,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "text_hidden_size": 32,
+        "text_vocab_size": 2560,
         "rope_scaling": {"interleaved": True, "mrope_section": [2, 3, 3], "rope_type": "default"},
     }
     talker["code_predictor_config"] = talker["code_predictor_config"] | {
-        "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2, "num_attention_heads": 2,
-        "num_key_value_heads": 1, "head_dim": 16,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 1,
+        "head_dim": 16,
     }
     config: dict[str, Any] = {
-        "architectures": ["Qwen3TTSForConditionalGeneration"], "model_type": "qwen3_tts",
-        "tokenizer_type": "qwen3_tts_tokenizer_12hz", "tts_model_size": "1b7", "tts_model_type": model_type,
-        "im_start_token_id": ids["<|im_start|>"], "im_end_token_id": ids["<|im_end|>"],
-        "tts_pad_token_id": ids["<tts_pad>"], "tts_bos_token_id": ids["<tts_text_bos>"],
-        "tts_eos_token_id": ids["<tts_text_eod>"], "talker_config": talker,
+        "architectures": ["Qwen3TTSForConditionalGeneration"],
+        "model_type": "qwen3_tts",
+        "tokenizer_type": "qwen3_tts_tokenizer_12hz",
+        "tts_model_size": "1b7",
+        "tts_model_type": model_type,
+        "im_start_token_id": ids["<|im_start|>"],
+        "im_end_token_id": ids["<|im_end|>"],
+        "tts_pad_token_id": ids["<tts_pad>"],
+        "tts_bos_token_id": ids["<tts_text_bos>"],
+        "tts_eos_token_id": ids["<tts_text_eod>"],
+        "talker_config": talker,
         "speaker_encoder_config": {
-            "enc_dim": 64, "enc_channels": [32, 32, 32, 32, 96], "enc_attention_channels": 16,
-            "enc_se_channels": 16, "sample_rate": 24000,
+            "enc_dim": 64,
+            "enc_channels": [32, 32, 32, 32, 96],
+            "enc_attention_channels": 16,
+            "enc_se_channels": 16,
+            "sample_rate": 24000,
         },
     }
     return config
@@ -73,22 +99,48 @@ def dev_model_config(model_type: str) -> dict[str, Any]:
 def dev_speech_tokenizer_config() -> dict[str, Any]:
     """``speech_tokenizer/config.json``: the real 1920x upsampling chain at small widths."""
     encoder = encoder_config_dict() | {
-        "hidden_size": 32, "num_filters": 4, "codebook_dim": 16, "vector_quantization_hidden_dimension": 16,
-        "num_hidden_layers": 1, "num_attention_heads": 2, "num_key_value_heads": 2, "head_dim": 16,
-        "intermediate_size": 64, "upsample_groups": 32,
+        "hidden_size": 32,
+        "num_filters": 4,
+        "codebook_dim": 16,
+        "vector_quantization_hidden_dimension": 16,
+        "num_hidden_layers": 1,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "intermediate_size": 64,
+        "upsample_groups": 32,
     }
     decoder = {
-        "codebook_size": 2048, "codebook_dim": 32, "hidden_size": 32, "intermediate_size": 64, "head_dim": 16,
-        "num_attention_heads": 2, "num_key_value_heads": 2, "num_hidden_layers": 1, "latent_dim": 32,
-        "decoder_dim": 64, "sliding_window": 72, "rms_norm_eps": 1e-5, "rope_theta": 10000,
-        "max_position_embeddings": 8000, "layer_scale_initial_scale": 0.01, "num_quantizers": 16,
-        "upsample_rates": [8, 5, 4, 3], "upsampling_ratios": [2, 2], "hidden_act": "silu",
+        "codebook_size": 2048,
+        "codebook_dim": 32,
+        "hidden_size": 32,
+        "intermediate_size": 64,
+        "head_dim": 16,
+        "num_attention_heads": 2,
+        "num_key_value_heads": 2,
+        "num_hidden_layers": 1,
+        "latent_dim": 32,
+        "decoder_dim": 64,
+        "sliding_window": 72,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000,
+        "max_position_embeddings": 8000,
+        "layer_scale_initial_scale": 0.01,
+        "num_quantizers": 16,
+        "upsample_rates": [8, 5, 4, 3],
+        "upsampling_ratios": [2, 2],
+        "hidden_act": "silu",
     }
     return {
-        "architectures": ["Qwen3TTSTokenizerV2Model"], "model_type": "qwen3_tts_tokenizer_12hz",
-        "encoder_valid_num_quantizers": 16, "input_sample_rate": 24000, "output_sample_rate": 24000,
-        "decode_upsample_rate": 1920, "encode_downsample_rate": 1920,
-        "encoder_config": encoder, "decoder_config": decoder,
+        "architectures": ["Qwen3TTSTokenizerV2Model"],
+        "model_type": "qwen3_tts_tokenizer_12hz",
+        "encoder_valid_num_quantizers": 16,
+        "input_sample_rate": 24000,
+        "output_sample_rate": 24000,
+        "decode_upsample_rate": 1920,
+        "encode_downsample_rate": 1920,
+        "encoder_config": encoder,
+        "decoder_config": decoder,
     }
 
 
@@ -122,7 +174,9 @@ def _decoder_state(config: SpeechTokenizerConfig) -> dict[str, torch.Tensor]:
     return {f"decoder.{k}": v.float().contiguous() for k, v in decoder.state_dict().items()}
 
 
-def make_dev_model(path: str | Path, model_type: str = "custom_voice", seed: int = 1234, if_missing: bool = False) -> Path:
+def make_dev_model(
+    path: str | Path, model_type: str = "custom_voice", seed: int = 1234, if_missing: bool = False
+) -> Path:
     """Write the dev checkpoint to ``path`` (created); returns the path.
 
     ``if_missing``: leave an existing checkpoint (a ``config.json`` in ``path``) untouched.
@@ -148,15 +202,22 @@ def make_dev_model(path: str | Path, model_type: str = "custom_voice", seed: int
         tokenizer_state = _decoder_state(st_cfg)
         tokenizer_state |= CodecEncoder.random_state_dict(st_cfg.encoder_config, seed=seed)
     save_file(main, str(tmp / "model.safetensors"), metadata={"format": "pt"})
-    save_file({k: v.contiguous() for k, v in tokenizer_state.items()}, str(tmp / "speech_tokenizer" / "model.safetensors"),
-              metadata={"format": "pt"})
+    save_file(
+        {k: v.contiguous() for k, v in tokenizer_state.items()},
+        str(tmp / "speech_tokenizer" / "model.safetensors"),
+        metadata={"format": "pt"},
+    )
     (tmp / "config.json").write_text(json.dumps(model_cfg_dict | {"dtype": "bfloat16"}, indent=2))
     (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
-    (tmp / "speech_tokenizer" / "config.json").write_text(json.dumps(st_cfg_dict | {"dtype": "float32"}, indent=2))
+    (tmp / "speech_tokenizer" / "config.json").write_text(
+        json.dumps(st_cfg_dict | {"dtype": "float32"}, indent=2)
+    )
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
         shutil.copy(ASSETS / name, tmp / name)
     shutil.copy(ASSETS / "preprocessor_config.json", tmp / "speech_tokenizer" / "preprocessor_config.json")
-    (tmp / "dev_model.json").write_text(json.dumps({"type": model_type, "seed": seed, "random": True}, indent=2))
+    (tmp / "dev_model.json").write_text(
+        json.dumps({"type": model_type, "seed": seed, "random": True}, indent=2)
+    )
     if root.exists():
         shutil.rmtree(root)
     tmp.rename(root)

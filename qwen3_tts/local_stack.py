@@ -29,7 +29,9 @@ class StageProcess:
         return f"127.0.0.1:{self.port}"
 
 
-def stage_commands(model: Path, host: str, port: int, base_port: int, device: str | None, metrics: bool) -> list[StageProcess]:
+def stage_commands(
+    model: Path, host: str, port: int, base_port: int, device: str | None, metrics: bool
+) -> list[StageProcess]:
     """Command lines of the stages and the gateway (the same flags the deploy files use)."""
     py = [sys.executable, "-m"]
     talker, decoder, speaker = base_port, base_port + 1, base_port + 2
@@ -42,20 +44,82 @@ def stage_commands(model: Path, host: str, port: int, base_port: int, device: st
         return ["--metrics-port", str(9091 + offset)] if metrics else []
 
     return [
-        StageProcess("talker", talker, py + ["talker_service", "--model", str(model), "--host", "127.0.0.1", "--port", str(talker), *dev, *metrics_flag(1)]),
-        StageProcess("decoder", decoder, py + ["decoder_service", "--model", str(model), "--host", "127.0.0.1", "--port", str(decoder), *dev, *metrics_flag(2)]),
-        StageProcess("speaker", speaker, py + ["speaker_service", "--model", str(model), "--host", "127.0.0.1", "--port", str(speaker), *dev, *metrics_flag(3)]),
-        StageProcess("gateway", port, py + ["gateway", "--host", host, "--port", str(port),
-                                            "--talker-targets", f"127.0.0.1:{talker}",
-                                            "--decoder-targets", f"127.0.0.1:{decoder}",
-                                            "--speaker-targets", f"127.0.0.1:{speaker}", *metrics_flag(0)]),
+        StageProcess(
+            "talker",
+            talker,
+            py
+            + [
+                "talker_service",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(talker),
+                *dev,
+                *metrics_flag(1),
+            ],
+        ),
+        StageProcess(
+            "decoder",
+            decoder,
+            py
+            + [
+                "decoder_service",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(decoder),
+                *dev,
+                *metrics_flag(2),
+            ],
+        ),
+        StageProcess(
+            "speaker",
+            speaker,
+            py
+            + [
+                "speaker_service",
+                "--model",
+                str(model),
+                "--host",
+                "127.0.0.1",
+                "--port",
+                str(speaker),
+                *dev,
+                *metrics_flag(3),
+            ],
+        ),
+        StageProcess(
+            "gateway",
+            port,
+            py
+            + [
+                "gateway",
+                "--host",
+                host,
+                "--port",
+                str(port),
+                "--talker-targets",
+                f"127.0.0.1:{talker}",
+                "--decoder-targets",
+                f"127.0.0.1:{decoder}",
+                "--speaker-targets",
+                f"127.0.0.1:{speaker}",
+                *metrics_flag(0),
+            ],
+        ),
     ]
 
 
 def is_serving(address: str, timeout: float = 1.0) -> bool:
     try:
         with grpc.insecure_channel(address) as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(), timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout
+            )
         return reply.status == health_pb2.HealthCheckResponse.SERVING
     except grpc.RpcError:
         return False
@@ -69,7 +133,9 @@ def wait_until_serving(stages: list[StageProcess], timeout: float) -> None:
         for stage in list(pending):
             assert stage.process is not None
             if stage.process.poll() is not None:
-                raise RuntimeError(f"{stage.name} exited with code {stage.process.returncode} during start-up")
+                raise RuntimeError(
+                    f"{stage.name} exited with code {stage.process.returncode} during start-up"
+                )
             if is_serving(stage.address):
                 pending.remove(stage)
         if pending and time.monotonic() > deadline:
@@ -116,7 +182,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
         wait_until_serving(stages, timeout=600)
         print(
             f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})\n"
-            f"  qwen3-tts say --gateway 127.0.0.1:{args.port} \"Hello world.\" -o hello.wav\n"
+            f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
             f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
             "Ctrl-C stops it.",
             flush=True,
@@ -125,7 +191,9 @@ def run_local_stack(args: argparse.Namespace) -> int:
             for stage in stages:
                 assert stage.process is not None
                 if stage.process.poll() is not None:
-                    print(f"{stage.name} exited with code {stage.process.returncode}; stopping", file=sys.stderr)
+                    print(
+                        f"{stage.name} exited with code {stage.process.returncode}; stopping", file=sys.stderr
+                    )
                     return 1
             time.sleep(0.5)
         return 0

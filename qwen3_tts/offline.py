@@ -24,7 +24,17 @@ from talker_service.model.sampling import SamplingParams
 from tts_common.audio import AudioError, read_audio_file
 from tts_common.errors import InvalidRequestError
 
-REQUEST_KEYS = {"id", "text", "language", "speaker", "instruct", "non_streaming_text", "ref_audio", "ref_text", "x_vector_only"}
+REQUEST_KEYS = {
+    "id",
+    "text",
+    "language",
+    "speaker",
+    "instruct",
+    "non_streaming_text",
+    "ref_audio",
+    "ref_text",
+    "x_vector_only",
+}
 
 
 @dataclass
@@ -42,7 +52,7 @@ class OfflineRequest:
     x_vector_only: bool = False
 
     @classmethod
-    def from_json(cls, data: dict[str, Any], base_dir: Path, index: int) -> "OfflineRequest":
+    def from_json(cls, data: dict[str, Any], base_dir: Path, index: int) -> OfflineRequest:
         """A request line; relative ``ref_audio`` resolved against ``base_dir``; unknown keys ignored."""
         fields = {k: v for k, v in data.items() if k in REQUEST_KEYS}
         fields.setdefault("id", f"{index:04d}")
@@ -79,11 +89,17 @@ class OfflineResult:
 class OfflineSynthesizer:
     """Talker, decoder and (Base checkpoints) the voice-clone front end of one checkpoint."""
 
-    def __init__(self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32) -> None:
+    def __init__(
+        self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+    ) -> None:
         self.talker = TalkerModel.from_checkpoint(model_dir, device, dtype)
         self.decoder = CodecDecoder.from_checkpoint(model_dir, device, dtype)
         cfg = self.talker.config
-        self.frontend = VoiceCloneFrontEnd.from_checkpoint(model_dir, device, dtype) if cfg.model.tts_model_type == "base" else None
+        self.frontend = (
+            VoiceCloneFrontEnd.from_checkpoint(model_dir, device, dtype)
+            if cfg.model.tts_model_type == "base"
+            else None
+        )
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
 
     def to_synthesis_request(self, req: OfflineRequest) -> SynthesisRequest:
@@ -100,11 +116,15 @@ class OfflineSynthesizer:
                     f"{self.talker.config.model.tts_model_type}"
                 )
             if not req.x_vector_only and not req.ref_text:
-                raise InvalidRequestError(f"request {req.id}: voice cloning needs ref_text (or x_vector_only)")
+                raise InvalidRequestError(
+                    f"request {req.id}: voice cloning needs ref_text (or x_vector_only)"
+                )
             try:
                 audio = read_audio_file(req.ref_audio, target_sample_rate=self.frontend.sample_rate)
             except AudioError as exc:
-                raise InvalidRequestError(f"request {req.id}: reference audio {req.ref_audio}: {exc}") from exc
+                raise InvalidRequestError(
+                    f"request {req.id}: reference audio {req.ref_audio}: {exc}"
+                ) from exc
             with torch.inference_mode():
                 embedding = self.frontend.embed(audio)
                 codes = None if req.x_vector_only else self.frontend.encode_reference(audio)
@@ -129,4 +149,7 @@ class OfflineSynthesizer:
         codes = generate(self.talker, prompts, budget, params)
         prefixes = [None if s.ref_codes is None else torch.as_tensor(s.ref_codes) for s in synthesis]
         wavs = self.decoder.decode_utterances(codes, prefixes)
-        return [OfflineResult(c.cpu().numpy().astype(np.int64), w.cpu().numpy().astype(np.float32)) for c, w in zip(codes, wavs)]
+        return [
+            OfflineResult(c.cpu().numpy().astype(np.int64), w.cpu().numpy().astype(np.float32))
+            for c, w in zip(codes, wavs)
+        ]

@@ -97,7 +97,10 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
             logger.warning("%s", self.unsupported_reason)
             return
         self.frontend = await self.compute.run(
-            VoiceCloneFrontEnd.from_checkpoint, self.model_dir, self.config.device, getattr(torch, self.config.dtype)
+            VoiceCloneFrontEnd.from_checkpoint,
+            self.model_dir,
+            self.config.device,
+            getattr(torch, self.config.dtype),
         )
 
     def _key(self, msg: stages_pb2.ReferenceAudio) -> str:
@@ -126,7 +129,7 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
         return _Entry(embedding, codes, len(audio) / self.frontend.sample_rate)
 
     @handle_rpc_errors(stage="speaker")
-    async def EmbedReference(  # noqa: N802 - gRPC method name
+    async def EmbedReference(
         self, request: stages_pb2.ReferenceAudio, context: grpc.aio.ServicerContext
     ) -> stages_pb2.ReferenceEmbedding:
         with request_context(resolve_request_id(request.request_id, context)):
@@ -179,7 +182,9 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
         return reply
 
     @handle_rpc_errors(stage="speaker")
-    async def GetStats(self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext) -> stages_pb2.StageStats:  # noqa: N802
+    async def GetStats(
+        self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.StageStats:
         return stages_pb2.StageStats(
             stage="speaker",
             running_requests=self.running,
@@ -203,5 +208,8 @@ def add_speaker_arguments(parser: argparse.ArgumentParser) -> None:
 
 def speaker_config_from_args(args: argparse.Namespace) -> SpeakerConfig:
     return SpeakerConfig(
-        device=args.device, dtype=args.dtype, cache_size=args.cache_size, max_audio_seconds=args.max_audio_seconds
+        device=args.device,
+        dtype=args.dtype,
+        cache_size=args.cache_size,
+        max_audio_seconds=args.max_audio_seconds,
     )

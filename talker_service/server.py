@@ -52,7 +52,9 @@ def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
     st = model.config.speech_tokenizer
     gen = model.config.generation
     speakers = [
-        tts_pb2.PresetSpeaker(name=name, dialect=dialect if isinstance(dialect := talker.spk_is_dialect.get(name), str) else "")
+        tts_pb2.PresetSpeaker(
+            name=name, dialect=dialect if isinstance(dialect := talker.spk_is_dialect.get(name), str) else ""
+        )
         for name in sorted(talker.spk_id)
     ]
     languages = ["auto"] + sorted(k for k in talker.codec_language_id if "dialect" not in k)
@@ -68,10 +70,16 @@ def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
         instruct_supported=cfg.instruct_supported,
         voice_clone_supported=cfg.tts_model_type == "base",
         default_sampling=tts_pb2.SamplingOptions(
-            do_sample=gen.do_sample, temperature=gen.temperature, top_k=gen.top_k, top_p=gen.top_p,
-            repetition_penalty=gen.repetition_penalty, subtalker_do_sample=gen.subtalker_dosample,
-            subtalker_temperature=gen.subtalker_temperature, subtalker_top_k=gen.subtalker_top_k,
-            subtalker_top_p=gen.subtalker_top_p, max_new_tokens=gen.max_new_tokens,
+            do_sample=gen.do_sample,
+            temperature=gen.temperature,
+            top_k=gen.top_k,
+            top_p=gen.top_p,
+            repetition_penalty=gen.repetition_penalty,
+            subtalker_do_sample=gen.subtalker_dosample,
+            subtalker_temperature=gen.subtalker_temperature,
+            subtalker_top_k=gen.subtalker_top_k,
+            subtalker_top_p=gen.subtalker_top_p,
+            max_new_tokens=gen.max_new_tokens,
         ),
         dtype=str(model.dtype).removeprefix("torch."),
     )
@@ -80,12 +88,20 @@ def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
 def sampling_from_proto(options: tts_pb2.SamplingOptions, model: TalkerModel) -> SamplingParams:
     """Checkpoint defaults overridden by the fields the client set."""
     fields = {
-        "do_sample": "do_sample", "temperature": "temperature", "top_k": "top_k", "top_p": "top_p",
-        "repetition_penalty": "repetition_penalty", "subtalker_do_sample": "subtalker_dosample",
-        "subtalker_temperature": "subtalker_temperature", "subtalker_top_k": "subtalker_top_k",
-        "subtalker_top_p": "subtalker_top_p", "seed": "seed",
+        "do_sample": "do_sample",
+        "temperature": "temperature",
+        "top_k": "top_k",
+        "top_p": "top_p",
+        "repetition_penalty": "repetition_penalty",
+        "subtalker_do_sample": "subtalker_dosample",
+        "subtalker_temperature": "subtalker_temperature",
+        "subtalker_top_k": "subtalker_top_k",
+        "subtalker_top_p": "subtalker_top_p",
+        "seed": "seed",
     }
-    overrides = {ours: getattr(options, theirs) for theirs, ours in fields.items() if options.HasField(theirs)}
+    overrides = {
+        ours: getattr(options, theirs) for theirs, ours in fields.items() if options.HasField(theirs)
+    }
     try:
         return SamplingParams.from_defaults(model.config.generation, **overrides)
     except ValueError as exc:
@@ -102,7 +118,9 @@ def synthesis_request_from_proto(msg: stages_pb2.TalkerRequest) -> SynthesisRequ
     if msg.text_feeding not in feeding:
         raise InvalidRequestError(f"unknown text_feeding {msg.text_feeding}")
     embedding = np.asarray(msg.speaker_embedding, dtype=np.float32) if len(msg.speaker_embedding) else None
-    ref_codes = codes_from_proto(msg.ref_codes) if msg.HasField("ref_codes") and msg.ref_codes.num_frames else None
+    ref_codes = (
+        codes_from_proto(msg.ref_codes) if msg.HasField("ref_codes") and msg.ref_codes.num_frames else None
+    )
     return SynthesisRequest(
         text=msg.text,
         language=msg.language or "auto",
@@ -140,8 +158,11 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         self.engine.start()
         logger.info(
             "talker ready: %s (%s %s), %d slots x %d positions, %.1f MiB KV per slot",
-            self.model_dir, self.model.config.model.tts_model_type, self.model.config.model.tts_model_size,
-            self.engine_config.max_slots, self.engine_config.max_seq_len,
+            self.model_dir,
+            self.model.config.model.tts_model_type,
+            self.model.config.model.tts_model_size,
+            self.engine_config.max_slots,
+            self.engine_config.max_seq_len,
             self.engine.runner.kv_bytes_per_slot / 2**20,
         )
 
@@ -165,8 +186,10 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         return self.model, self.engine
 
     @handle_rpc_errors(stage="talker")
-    async def Generate(  # noqa: N802 - gRPC method name
-        self, request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage], context: grpc.aio.ServicerContext
+    async def Generate(
+        self,
+        request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage],
+        context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[stages_pb2.TalkerServerMessage]:
         model, engine = self._require()
         first = await anext(aiter(request_iterator), None)
@@ -178,7 +201,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             self.total_requests += 1
             chunk_frames = msg.frames_per_chunk or 1
             if not 1 <= chunk_frames <= MAX_FRAMES_PER_CHUNK:
-                raise InvalidRequestError(f"frames_per_chunk must be in [1, {MAX_FRAMES_PER_CHUNK}], got {chunk_frames}")
+                raise InvalidRequestError(
+                    f"frames_per_chunk must be in [1, {MAX_FRAMES_PER_CHUNK}], got {chunk_frames}"
+                )
             sampling = sampling_from_proto(msg.sampling, model)
             max_frames = None
             if msg.sampling.HasField("max_new_tokens"):
@@ -240,7 +265,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         await events.aclose()
 
     @handle_rpc_errors(stage="talker")
-    async def GetStats(self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext) -> stages_pb2.StageStats:  # noqa: N802
+    async def GetStats(
+        self, request: stages_pb2.GetStatsRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.StageStats:
         ready = self.engine is not None
         stats = self.engine.stats() if self.engine is not None else None
         return stages_pb2.StageStats(
@@ -255,7 +282,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         )
 
     @handle_rpc_errors(stage="talker")
-    async def GetModelInfo(self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> stages_pb2.TalkerInfo:  # noqa: N802
+    async def GetModelInfo(
+        self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.TalkerInfo:
         model, _ = self._require()
         info = model_info(model)
         # Largest accepted max_new_tokens: a request's prompt and frames share one KV slot.
@@ -272,14 +301,23 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """Model and engine flags of the talker process (env ``QWEN3TTS_TALKER_*`` via serving)."""
+
     def env(name: str, default: str) -> str:
         return env_default("talker", name, default)
 
     add_model_arguments(parser, "talker")
-    parser.add_argument("--max-slots", type=int, default=int(env("MAX_SLOTS", "16")), help="concurrent requests")
-    parser.add_argument("--max-seq-len", type=int, default=int(env("MAX_SEQ_LEN", "2048")), help="KV positions per slot")
-    parser.add_argument("--max-waiting", type=int, default=int(env("MAX_WAITING", "64")), help="queued requests")
-    parser.add_argument("--no-cuda-graphs", action="store_true", default=env("NO_CUDA_GRAPHS", "") not in ("", "0"))
+    parser.add_argument(
+        "--max-slots", type=int, default=int(env("MAX_SLOTS", "16")), help="concurrent requests"
+    )
+    parser.add_argument(
+        "--max-seq-len", type=int, default=int(env("MAX_SEQ_LEN", "2048")), help="KV positions per slot"
+    )
+    parser.add_argument(
+        "--max-waiting", type=int, default=int(env("MAX_WAITING", "64")), help="queued requests"
+    )
+    parser.add_argument(
+        "--no-cuda-graphs", action="store_true", default=env("NO_CUDA_GRAPHS", "") not in ("", "0")
+    )
 
 
 def batch_buckets_for(max_slots: int) -> tuple[int, ...]:

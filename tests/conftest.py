@@ -1,22 +1,8 @@
-"""Shared pytest fixtures: paths of the tiny official-layout checkpoints and their references."""
+"""Shared pytest fixtures (plain helpers live in the importable package ``tests.helpers``)."""
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import pytest
-
-FIXTURES = Path(__file__).parent / "fixtures"
-CKPT_DIR = FIXTURES / "ckpt"
-REFERENCE_DIR = FIXTURES / "reference"
-CHECKPOINT_NAMES = ["tiny_custom_voice", "tiny_custom_voice_1b7", "tiny_voice_design", "tiny_base"]
-
-
-def load_requests(name: str) -> list[dict]:
-    """The fixture requests of checkpoint ``name`` (``requests.jsonl``)."""
-    with open(REFERENCE_DIR / name / "requests.jsonl", encoding="utf-8") as fh:
-        return [json.loads(line) for line in fh if line.strip()]
 
 
 @pytest.fixture(scope="module")
@@ -30,43 +16,3 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(prev)
-
-
-@pytest.fixture(scope="session")
-def fixtures_dir() -> Path:
-    return FIXTURES
-
-
-def fixture_case(name: str, line: dict) -> tuple[Path, int]:
-    """The case folder and utterance index of a fixture request (from its ``expect.codes``)."""
-    codes = Path(line["expect"]["codes"])
-    index = int(codes.stem.rsplit("_", 1)[1])
-    return REFERENCE_DIR / name / codes.parent, index
-
-
-def fixture_synthesis_request(name: str, line: dict):
-    """A ``talker_service.model.prompt.SynthesisRequest`` for a fixture request line.
-
-    Voice-clone inputs (x-vector, reference codes) come from the official outputs stored in the
-    case folder, so talker tests do not depend on the speaker stage.
-    """
-    import numpy as np
-
-    from talker_service.model.prompt import SynthesisRequest
-
-    case, i = fixture_case(name, line)
-    spk = ref = None
-    if line.get("ref_audio"):
-        spk = np.load(case / f"spk_emb_{i}.npy")
-        if not line.get("x_vector_only"):
-            ref = np.load(case / f"ref_code_{i}.npy")
-    return SynthesisRequest(
-        text=line["text"],
-        language=line.get("language", "auto"),
-        speaker=line.get("speaker"),
-        instruct=line.get("instruct"),
-        non_streaming_text=line.get("non_streaming_text"),
-        speaker_embedding=spk,
-        ref_codes=ref,
-        ref_text=None if line.get("x_vector_only") else line.get("ref_text"),
-    )

@@ -267,7 +267,7 @@ def supported_file_formats() -> list[str]:
         try:
             if sf.check_format(fmt, subtype):
                 out.append(name)
-        except Exception:  # unknown subtype on old libsndfile builds
+        except Exception:  # noqa: BLE001 - old libsndfile builds raise various types for an unknown subtype
             continue
     return out
 
@@ -332,8 +332,9 @@ def wav_header(
         b"RIFF"
         + struct.pack("<I", riff_size)
         + b"WAVEfmt "
-        + struct.pack("<IHHIIHH", 16, fmt_tag, channels, sample_rate, sample_rate * block_align, block_align, 8 * width)
+        + struct.pack(
+            "<IHHIIHH", 16, fmt_tag, channels, sample_rate, sample_rate * block_align, block_align, 8 * width
+        )
         + b"data"
         + struct.pack("<I", data_size)
     )
-

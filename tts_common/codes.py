@@ -13,7 +13,9 @@ def codes_to_proto(codes: np.ndarray | list[list[int]]) -> stages_pb2.Codes:
     arr = np.asarray(codes, dtype=np.int64)
     if arr.ndim != 2:
         raise ValueError(f"codes must be 2-D [frames, codebooks], got shape {arr.shape}")
-    return stages_pb2.Codes(num_frames=arr.shape[0], num_codebooks=arr.shape[1], values=arr.reshape(-1).tolist())
+    return stages_pb2.Codes(
+        num_frames=arr.shape[0], num_codebooks=arr.shape[1], values=arr.reshape(-1).tolist()
+    )
 
 
 def codes_from_proto(msg: stages_pb2.Codes) -> np.ndarray:

@@ -92,7 +92,7 @@ class TalkerConfig:
         self.codec_language_id = dict(self.codec_language_id or {})
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "TalkerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> TalkerConfig:
         cp = _from_dict(CodePredictorConfig, data.get("code_predictor_config") or {})
         return _from_dict(cls, data, code_predictor=cp)
 
@@ -167,7 +167,7 @@ class SpeechTokenizerConfig:
     encode_downsample_rate: int = 1920
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "SpeechTokenizerConfig":
+    def from_dict(cls, data: dict[str, Any]) -> SpeechTokenizerConfig:
         decoder = _from_dict(CodecDecoderConfig, data.get("decoder_config") or {})
         return _from_dict(cls, data, decoder=decoder)
 
@@ -191,7 +191,7 @@ class Qwen3TTSConfig:
     tts_eos_token_id: int = 151673
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Qwen3TTSConfig":
+    def from_dict(cls, data: dict[str, Any]) -> Qwen3TTSConfig:
         talker = TalkerConfig.from_dict(data.get("talker_config") or {})
         speaker = None
         if data.get("tts_model_type") == "base":

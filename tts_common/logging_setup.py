@@ -21,9 +21,7 @@ import sys
 from collections.abc import Iterator
 from typing import TextIO
 
-REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar(
-    "qwen3tts_request_id", default=None
-)
+REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("qwen3tts_request_id", default=None)
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(stage)s%(name)s%(request_tag)s %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -41,7 +39,12 @@ def request_context(request_id: str | None) -> Iterator[None]:
     try:
         yield
     finally:
-        REQUEST_ID.reset(token)
+        try:
+            REQUEST_ID.reset(token)
+        except ValueError:
+            # An async generator holding this block was finalised from another task (grpc closes
+            # abandoned response streams that way): that task's context was never changed.
+            pass
 
 
 class RequestContextFilter(logging.Filter):
@@ -85,6 +88,11 @@ def setup_logging(
 
 
 __all__ = [
-    "DATE_FORMAT", "LOG_FORMAT", "REQUEST_ID", "RequestContextFilter", "current_request_id",
-    "request_context", "setup_logging",
+    "DATE_FORMAT",
+    "LOG_FORMAT",
+    "REQUEST_ID",
+    "RequestContextFilter",
+    "current_request_id",
+    "request_context",
+    "setup_logging",
 ]

@@ -36,8 +36,25 @@ STAGES = (STAGE_GATEWAY, STAGE_TALKER, STAGE_DECODER, STAGE_SPEAKER)
 
 # Bucket boundaries chosen around the interesting ranges: streaming TTS aims at first audio
 # within a few hundred milliseconds and chunks every 80 ms .. 2 s.
-_LATENCY_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0,
-                    3.0, 5.0, 10.0, 30.0)
+_LATENCY_BUCKETS = (
+    0.01,
+    0.025,
+    0.05,
+    0.075,
+    0.1,
+    0.15,
+    0.2,
+    0.3,
+    0.5,
+    0.75,
+    1.0,
+    1.5,
+    2.0,
+    3.0,
+    5.0,
+    10.0,
+    30.0,
+)
 _QUEUE_BUCKETS = (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _STEP_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.2, 0.5, 1.0)
 _RTF_BUCKETS = (0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1.0, 1.5, 2.0, 5.0, 10.0)
@@ -76,8 +93,7 @@ REQUEST_DURATION = Histogram(
 )
 REAL_TIME_FACTOR = Histogram(
     PREFIX + "real_time_factor",
-    "Processing time divided by produced audio duration, per request (< 1 = faster than "
-    "real time).",
+    "Processing time divided by produced audio duration, per request (< 1 = faster than real time).",
     ["stage"],
     buckets=_RTF_BUCKETS,
 )
@@ -89,8 +105,7 @@ BATCH_SIZE = Histogram(
 )
 STEP_DURATION = Histogram(
     PREFIX + "step_duration_seconds",
-    "Duration of one batched forward step (talker: one frame for the whole batch, code "
-    "predictor included).",
+    "Duration of one batched forward step (talker: one frame for the whole batch, code predictor included).",
     ["stage"],
     buckets=_STEP_BUCKETS,
 )
@@ -125,9 +140,22 @@ READY = Gauge(
     ["stage"],
 )
 
-_ALL = (REQUESTS, TIME_TO_FIRST_AUDIO, INTER_CHUNK_LATENCY, QUEUE_TIME, REQUEST_DURATION,
-        REAL_TIME_FACTOR, BATCH_SIZE, STEP_DURATION, RUNNING_REQUESTS, WAITING_REQUESTS,
-        GENERATED_FRAMES, AUDIO_SECONDS, CACHE_LOOKUPS, READY)
+_ALL = (
+    REQUESTS,
+    TIME_TO_FIRST_AUDIO,
+    INTER_CHUNK_LATENCY,
+    QUEUE_TIME,
+    REQUEST_DURATION,
+    REAL_TIME_FACTOR,
+    BATCH_SIZE,
+    STEP_DURATION,
+    RUNNING_REQUESTS,
+    WAITING_REQUESTS,
+    GENERATED_FRAMES,
+    AUDIO_SECONDS,
+    CACHE_LOOKUPS,
+    READY,
+)
 
 
 def _exposed_name(metric: Counter | Gauge | Histogram) -> str:
@@ -142,9 +170,20 @@ METRIC_NAMES: tuple[str, ...] = tuple(_exposed_name(m) for m in _ALL)
 def init_stage(stage: str) -> None:
     """Create the unlabelled-by-outcome series of ``stage`` at zero, so dashboards show the
     stage's gauges and histograms before the first request (Prometheus omits unseen labels)."""
-    for metric in (TIME_TO_FIRST_AUDIO, INTER_CHUNK_LATENCY, QUEUE_TIME, REQUEST_DURATION,
-                   REAL_TIME_FACTOR, BATCH_SIZE, STEP_DURATION, RUNNING_REQUESTS,
-                   WAITING_REQUESTS, GENERATED_FRAMES, AUDIO_SECONDS, READY):
+    for metric in (
+        TIME_TO_FIRST_AUDIO,
+        INTER_CHUNK_LATENCY,
+        QUEUE_TIME,
+        REQUEST_DURATION,
+        REAL_TIME_FACTOR,
+        BATCH_SIZE,
+        STEP_DURATION,
+        RUNNING_REQUESTS,
+        WAITING_REQUESTS,
+        GENERATED_FRAMES,
+        AUDIO_SECONDS,
+        READY,
+    ):
         metric.labels(stage=stage)
 
 
@@ -180,9 +219,28 @@ def start_metrics_server(
 
 
 __all__ = [
-    "AUDIO_SECONDS", "BATCH_SIZE", "CACHE_LOOKUPS", "GENERATED_FRAMES", "INTER_CHUNK_LATENCY",
-    "METRIC_NAMES", "MetricsServer", "PREFIX", "QUEUE_TIME", "READY", "REAL_TIME_FACTOR",
-    "REQUESTS", "REQUEST_DURATION", "RUNNING_REQUESTS", "STAGES", "STAGE_DECODER",
-    "STAGE_GATEWAY", "STAGE_SPEAKER", "STAGE_TALKER", "STEP_DURATION", "TIME_TO_FIRST_AUDIO",
-    "WAITING_REQUESTS", "init_stage", "start_metrics_server",
+    "AUDIO_SECONDS",
+    "BATCH_SIZE",
+    "CACHE_LOOKUPS",
+    "GENERATED_FRAMES",
+    "INTER_CHUNK_LATENCY",
+    "METRIC_NAMES",
+    "MetricsServer",
+    "PREFIX",
+    "QUEUE_TIME",
+    "READY",
+    "REAL_TIME_FACTOR",
+    "REQUESTS",
+    "REQUEST_DURATION",
+    "RUNNING_REQUESTS",
+    "STAGES",
+    "STAGE_DECODER",
+    "STAGE_GATEWAY",
+    "STAGE_SPEAKER",
+    "STAGE_TALKER",
+    "STEP_DURATION",
+    "TIME_TO_FIRST_AUDIO",
+    "WAITING_REQUESTS",
+    "init_stage",
+    "start_metrics_server",
 ]

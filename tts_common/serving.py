@@ -131,12 +131,9 @@ _FLAGS: tuple[tuple[str, str, Callable[[str], Any], str, bool], ...] = (
     ("port", "--port", int, "gRPC port (0 = any free port)", False),
     ("metrics_host", "--metrics-host", str, "Prometheus endpoint bind address", True),
     ("metrics_port", "--metrics-port", int, "Prometheus /metrics port (0 = disabled)", False),
-    ("max_receive_message_bytes", "--max-receive-message-bytes", int,
-     "largest accepted gRPC message", True),
-    ("max_send_message_bytes", "--max-send-message-bytes", int, "largest sent gRPC message",
-     True),
-    ("grace_seconds", "--grace-seconds", float,
-     "seconds in-flight RPCs may run after SIGTERM", True),
+    ("max_receive_message_bytes", "--max-receive-message-bytes", int, "largest accepted gRPC message", True),
+    ("max_send_message_bytes", "--max-send-message-bytes", int, "largest sent gRPC message", True),
+    ("grace_seconds", "--grace-seconds", float, "seconds in-flight RPCs may run after SIGTERM", True),
     ("log_level", "--log-level", str, "log level", True),
 )
 
@@ -186,15 +183,19 @@ def add_server_arguments(
     for field, flag, type_, help_text, stage_independent in _FLAGS:
         names = env_names(stage, field, stage_independent=stage_independent)
         default: Any = env_value(names, environ, getattr(defaults, field))
-        group.add_argument(flag, dest=field, type=type_, default=default,
-                           help=f"{help_text} (env {' / '.join(names)}; default %(default)s)")
+        group.add_argument(
+            flag,
+            dest=field,
+            type=type_,
+            default=default,
+            help=f"{help_text} (env {' / '.join(names)}; default %(default)s)",
+        )
     parser.set_defaults(_qwen3tts_stage=stage)
 
 
 def config_from_args(args: argparse.Namespace) -> ServerConfig:
     """Build the :class:`ServerConfig` from a namespace parsed with :func:`add_server_arguments`."""
-    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig)
-              if f.name != "stage"}
+    values = {f.name: getattr(args, f.name) for f in dataclasses.fields(ServerConfig) if f.name != "stage"}
     return ServerConfig(stage=getattr(args, "_qwen3tts_stage", ""), **values)
 
 
@@ -242,7 +243,7 @@ class _HealthServicer(health_pb2_grpc.HealthServicer):
         changed, self._changed = self._changed, asyncio.Event()
         changed.set()
 
-    async def Check(  # noqa: N802 - gRPC method name
+    async def Check(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> health_pb2.HealthCheckResponse:
         status = self._status.get(request.service)
@@ -250,14 +251,13 @@ class _HealthServicer(health_pb2_grpc.HealthServicer):
             await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
         return health_pb2.HealthCheckResponse(status=status)
 
-    async def Watch(  # noqa: N802 - gRPC method name
+    async def Watch(
         self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
     ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
         last: int | None = None
         while True:
             changed = self._changed  # taken before reading, so no update can be missed
-            status = self._status.get(request.service,
-                                      health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            status = self._status.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
             if status != last:
                 last = status
                 yield health_pb2.HealthCheckResponse(status=status)
@@ -272,8 +272,7 @@ class ServingHealth:
     SERVING = health_pb2.HealthCheckResponse.SERVING
     NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
 
-    def __init__(self, service_names: Iterable[str], *, stage: str = "",
-                 ready: bool = False) -> None:
+    def __init__(self, service_names: Iterable[str], *, stage: str = "", ready: bool = False) -> None:
         self.servicer = _HealthServicer()
         """The ``grpc.health.v1.Health`` servicer to add to the server."""
         self.service_names: tuple[str, ...] = ("", *service_names)
@@ -366,13 +365,13 @@ class _ReadinessInterceptor(RefusingInterceptor):
     def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
         if self._health.ready:
             return None
-        reason = ("shutting down" if self._health.shutting_down
-                  else "not serving (starting up or unhealthy)")
+        reason = "shutting down" if self._health.shutting_down else "not serving (starting up or unhealthy)"
         return grpc.StatusCode.UNAVAILABLE, f"server {reason}"
 
 
-def aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
-                      details: str) -> grpc.RpcMethodHandler:
+def aborting_handler(
+    handler: grpc.RpcMethodHandler, code: grpc.StatusCode, details: str
+) -> grpc.RpcMethodHandler:
     """A handler of the same RPC type as ``handler`` that fails every call with ``code``."""
 
     async def abort(_request: Any, context: grpc.aio.ServicerContext) -> None:
@@ -384,8 +383,11 @@ def aborting_handler(handler: grpc.RpcMethodHandler, code: grpc.StatusCode,
         (True, False): grpc.stream_unary_rpc_method_handler,
         (True, True): grpc.stream_stream_rpc_method_handler,
     }[(handler.request_streaming, handler.response_streaming)]
-    return factory(abort, request_deserializer=handler.request_deserializer,
-                   response_serializer=handler.response_serializer)
+    return factory(
+        abort,
+        request_deserializer=handler.request_deserializer,
+        response_serializer=handler.response_serializer,
+    )
 
 
 def server_options(config: ServerConfig) -> list[tuple[str, Any]]:
@@ -440,15 +442,14 @@ def build_server(
     health = ServingHealth(service_names, stage=config.stage, ready=ready)
     all_interceptors: list[grpc.aio.ServerInterceptor] = []
     if reject_until_ready:
-        all_interceptors.append(
-            _ReadinessInterceptor(health, (*_ALWAYS_AVAILABLE, *always_available)))
+        all_interceptors.append(_ReadinessInterceptor(health, (*_ALWAYS_AVAILABLE, *always_available)))
     all_interceptors.extend(interceptors)
-    server = grpc.aio.server(interceptors=all_interceptors,
-                             options=[*server_options(config), *options])
+    server = grpc.aio.server(interceptors=all_interceptors, options=[*server_options(config), *options])
     add_servicers(server)
     health_pb2_grpc.add_HealthServicer_to_server(health.servicer, server)
     reflection.enable_server_reflection(
-        [*service_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME], server)
+        [*service_names, HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME], server
+    )
     try:
         if credentials is None:
             port = server.add_insecure_port(config.address)
@@ -509,8 +510,9 @@ class _StopSignals:
         self._installed.clear()
 
 
-async def _graceful_stop(server: grpc.aio.Server, health: ServingHealth, grace: float,
-                         drain_seconds: float, signals: _StopSignals) -> None:
+async def _graceful_stop(
+    server: grpc.aio.Server, health: ServingHealth, grace: float, drain_seconds: float, signals: _StopSignals
+) -> None:
     health.enter_graceful_shutdown()
     if drain_seconds > 0:  # let load balancers observe NOT_SERVING before refusing RPCs
         await asyncio.sleep(drain_seconds)
@@ -520,8 +522,9 @@ async def _graceful_stop(server: grpc.aio.Server, health: ServingHealth, grace: 
     logger.info("server stopped (%.2fs after shutdown began)", time.monotonic() - started)
 
 
-async def _run_until_stopped(server: grpc.aio.Server, health: ServingHealth, grace: float,
-                             drain_seconds: float, signals: _StopSignals) -> None:
+async def _run_until_stopped(
+    server: grpc.aio.Server, health: ServingHealth, grace: float, drain_seconds: float, signals: _StopSignals
+) -> None:
     # Shielded: without a timeout, grpc's wait_for_termination awaits the server's own shutdown
     # future directly, and cancelling it would cancel that future and break server.stop().
     termination = asyncio.ensure_future(asyncio.shield(server.wait_for_termination()))
@@ -576,19 +579,18 @@ async def serve(
     try:
         server, health = build_server(config, add_servicers, service_names, **build_kwargs)
         await server.start()
-        logger.info("%s listening on %s (port %d)", config.stage or "server", config.address,
-                    bound_port(server))
+        logger.info(
+            "%s listening on %s (port %d)", config.stage or "server", config.address, bound_port(server)
+        )
         try:
-            with _StopSignals(stop_event or asyncio.Event(), (signal.SIGTERM, signal.SIGINT)) \
-                    as sigs:
+            with _StopSignals(stop_event or asyncio.Event(), (signal.SIGTERM, signal.SIGINT)) as sigs:
                 if startup is not None and not await _startup(startup, sigs.stop):
                     logger.info("stopped during startup")
                     await _graceful_stop(server, health, 0.0, 0.0, sigs)
                     return
                 health.mark_ready()
                 logger.info("ready")
-                await _run_until_stopped(server, health, config.grace_seconds, drain_seconds,
-                                         sigs)
+                await _run_until_stopped(server, health, config.grace_seconds, drain_seconds, sigs)
         except BaseException:
             await server.stop(0)
             raise
@@ -645,8 +647,7 @@ def _details_for(exc: BaseException, code: grpc.StatusCode) -> str:
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.details() or code.name
     text = str(exc) or type(exc).__name__
-    return f"internal error: {type(exc).__name__}: {text}" if code is grpc.StatusCode.INTERNAL \
-        else text
+    return f"internal error: {type(exc).__name__}: {text}" if code is grpc.StatusCode.INTERNAL else text
 
 
 async def abort_for_exception(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -677,9 +678,11 @@ def handle_rpc_errors(func: _F | None = None, *, stage: str | None = None) -> An
 
     def decorate(fn: _F) -> _F:
         if inspect.isasyncgenfunction(fn):
+
             @functools.wraps(fn)
-            async def gen_wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext,
-                                  *args: Any, **kwargs: Any) -> AsyncIterator[Any]:
+            async def gen_wrapper(
+                self: Any, request: Any, context: grpc.aio.ServicerContext, *args: Any, **kwargs: Any
+            ) -> AsyncIterator[Any]:
                 try:
                     async for item in fn(self, request, context, *args, **kwargs):
                         yield item
@@ -694,11 +697,13 @@ def handle_rpc_errors(func: _F | None = None, *, stage: str | None = None) -> An
                     await abort_for_exception(context, exc)
                 else:
                     count(grpc.StatusCode.OK.name)
+
             return gen_wrapper  # type: ignore[return-value]
 
         @functools.wraps(fn)
-        async def wrapper(self: Any, request: Any, context: grpc.aio.ServicerContext,
-                          *args: Any, **kwargs: Any) -> Any:
+        async def wrapper(
+            self: Any, request: Any, context: grpc.aio.ServicerContext, *args: Any, **kwargs: Any
+        ) -> Any:
             try:
                 result = await fn(self, request, context, *args, **kwargs)
             except grpc.aio.AbortError:
@@ -712,6 +717,7 @@ def handle_rpc_errors(func: _F | None = None, *, stage: str | None = None) -> An
                 await abort_for_exception(context, exc)
             count(grpc.StatusCode.OK.name)
             return result
+
         return wrapper  # type: ignore[return-value]
 
     return decorate(func) if func is not None else decorate
@@ -742,10 +748,32 @@ def resolve_request_id(explicit: str, context: grpc.aio.ServicerContext | None =
 
 
 __all__ = [
-    "ENV_PREFIX", "HEALTH_SERVICE_NAME", "REFLECTION_SERVICE_NAME", "REQUEST_ID_METADATA_KEY",
-    "RefusingInterceptor", "ServerConfig", "ServingHealth", "abort_for_exception", "aborting_handler", "add_server_arguments",
-    "bound_port", "build_server", "channel_options", "config_from_args", "env_names", "env_value",
-    "format_address", "grpc_status_for", "handle_rpc_errors", "new_request_id",
-    "parse_server_args", "request_context", "resolve_request_id", "serve",
-    "serve_until_signal", "server_options", "service_name", "setup_logging",
+    "ENV_PREFIX",
+    "HEALTH_SERVICE_NAME",
+    "REFLECTION_SERVICE_NAME",
+    "REQUEST_ID_METADATA_KEY",
+    "RefusingInterceptor",
+    "ServerConfig",
+    "ServingHealth",
+    "abort_for_exception",
+    "aborting_handler",
+    "add_server_arguments",
+    "bound_port",
+    "build_server",
+    "channel_options",
+    "config_from_args",
+    "env_names",
+    "env_value",
+    "format_address",
+    "grpc_status_for",
+    "handle_rpc_errors",
+    "new_request_id",
+    "parse_server_args",
+    "request_context",
+    "resolve_request_id",
+    "serve",
+    "serve_until_signal",
+    "server_options",
+    "service_name",
+    "setup_logging",
 ]

@@ -13,7 +13,6 @@ import grpc
 from .logging_setup import setup_logging
 from .serving import parse_server_args, serve, service_name
 
-
 STAGE_DEFAULT_HOST = "127.0.0.1"
 
 
@@ -71,15 +70,29 @@ def add_model_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
     """``--model``, ``--device``, ``--dtype`` of a model stage (env ``QWEN3TTS_[<STAGE>_]MODEL`` ...)."""
     import torch
 
-    parser.add_argument("--model", default=env_default(stage, "MODEL", ""),
-                        help="checkpoint directory in the official layout (env QWEN3TTS_MODEL)")
-    parser.add_argument("--device", default=env_default(stage, "DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
-                        help="torch device (env QWEN3TTS_DEVICE)")
-    parser.add_argument("--dtype", default=env_default(stage, "DTYPE", "float32"), choices=["float32", "bfloat16"],
-                        help="activation/weight dtype (env QWEN3TTS_DTYPE)")
-    parser.add_argument("--threads", type=int, default=int(env_default(stage, "THREADS", "0")),
-                        help="CPU threads for torch (0 = torch's default); set it when several stages "
-                             "share a CPU host (env QWEN3TTS_THREADS)")
+    parser.add_argument(
+        "--model",
+        default=env_default(stage, "MODEL", ""),
+        help="checkpoint directory in the official layout (env QWEN3TTS_MODEL)",
+    )
+    parser.add_argument(
+        "--device",
+        default=env_default(stage, "DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
+        help="torch device (env QWEN3TTS_DEVICE)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default=env_default(stage, "DTYPE", "float32"),
+        choices=["float32", "bfloat16"],
+        help="activation/weight dtype (env QWEN3TTS_DTYPE)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=int(env_default(stage, "THREADS", "0")),
+        help="CPU threads for torch (0 = torch's default); set it when several stages "
+        "share a CPU host (env QWEN3TTS_THREADS)",
+    )
 
 
 def env_default(stage: str, name: str, default: str) -> str:

@@ -24,7 +24,7 @@ def load_prefixed_state_dict(
             tensor = fh.get_tensor(key)
             if dtype is not None and tensor.is_floating_point():
                 tensor = tensor.to(dtype)
-            out[key[len(prefix):]] = tensor
+            out[key[len(prefix) :]] = tensor
     return out
 
 

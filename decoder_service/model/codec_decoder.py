@@ -78,7 +78,9 @@ def _gather_time(x: Tensor, start: Tensor | None, size: int, dim: int = -1) -> T
 def _zero_padding(x: Tensor, lengths: Tensor) -> Tensor:
     """``x`` [B, C, T] with every step ``t >= lengths[b]`` of row ``b`` set to 0."""
     t = torch.arange(x.shape[-1], device=x.device)
-    return torch.where((t[None, :] < lengths[:, None])[:, None, :], x, torch.zeros((), dtype=x.dtype, device=x.device))
+    return torch.where(
+        (t[None, :] < lengths[:, None])[:, None, :], x, torch.zeros((), dtype=x.dtype, device=x.device)
+    )
 
 
 _ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
@@ -473,8 +475,14 @@ class DecoderAttention(_Stateful):
         return self._attend(q, k, v, mask)
 
     def step(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, lengths: Tensor | None,
-        state: State, new_state: State,
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        lengths: Tensor | None,
+        state: State,
+        new_state: State,
     ) -> Tensor:
         q, k, v = self._project(x, cos, sin)
         k = torch.cat([state[f"{self.state_key}.k"], k], dim=2)
@@ -503,8 +511,14 @@ class DecoderTransformerLayer(nn.Module):
         return self._mlp(x)
 
     def step(
-        self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor, lengths: Tensor | None,
-        state: State, new_state: State,
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        lengths: Tensor | None,
+        state: State,
+        new_state: State,
     ) -> Tensor:
         a = self.self_attn.step(self.input_layernorm(x), cos, sin, mask, lengths, state, new_state)
         return self._mlp(x + self.self_attn_layer_scale(a))
@@ -540,7 +554,9 @@ class DecoderTransformer(_Stateful):
         inv_freq = self._inv_freq.get(positions.device)
         if inv_freq is None:
             dim = self.head_dim
-            exponents = torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
+            exponents = (
+                torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
+            )
             inv_freq = self._inv_freq[positions.device] = 1.0 / (self.rope_theta**exponents)
         freqs = positions.to(torch.float32)[..., None] * inv_freq
         emb = torch.cat([freqs, freqs], dim=-1)
@@ -610,7 +626,10 @@ class CodecDecoder(nn.Module):
         self.upsample = nn.ModuleList(
             [
                 nn.ModuleList(
-                    [CausalConvTranspose1d(config.latent_dim, config.latent_dim, r, r), ConvNeXtBlock(config.latent_dim)]
+                    [
+                        CausalConvTranspose1d(config.latent_dim, config.latent_dim, r, r),
+                        ConvNeXtBlock(config.latent_dim),
+                    ]
                 )
                 for r in config.upsampling_ratios
             ]
@@ -632,7 +651,7 @@ class CodecDecoder(nn.Module):
     @classmethod
     def from_checkpoint(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ) -> "CodecDecoder":
+    ) -> CodecDecoder:
         """Load from a model directory (with ``speech_tokenizer/``) or a speech-tokenizer directory.
 
         Strict: every ``decoder.*`` tensor must match a parameter/buffer and vice versa. ``dtype``
@@ -663,7 +682,9 @@ class CodecDecoder(nn.Module):
     def forward(self, codes: Tensor) -> Tensor:
         """The official forward: codes [B, Q, T] (>= 0) -> clamped audio [B, 1, T * samples_per_frame]."""
         if codes.shape[1] != self.num_quantizers:
-            raise ValueError(f"expected {self.num_quantizers} codebooks, got codes of shape {tuple(codes.shape)}")
+            raise ValueError(
+                f"expected {self.num_quantizers} codebooks, got codes of shape {tuple(codes.shape)}"
+            )
         h = self.quantizer.decode(codes)
         h = self.pre_conv(h).transpose(1, 2)
         h = self.pre_transformer(h).transpose(1, 2)
@@ -736,7 +757,9 @@ class CodecDecoder(nn.Module):
         if not items:
             return []
         longest = max(int(x.shape[0]) for x in items)
-        batch = torch.full((len(items), self.num_quantizers, longest), -1, dtype=torch.long, device=self.device)
+        batch = torch.full(
+            (len(items), self.num_quantizers, longest), -1, dtype=torch.long, device=self.device
+        )
         for i, x in enumerate(items):
             batch[i, :, : x.shape[0]] = x.t().to(self.device)
         wavs = self.decode_official_chunked(batch) if official_chunking else self.decode(batch)
@@ -898,7 +921,10 @@ def init_random_weights(decoder: CodecDecoder, seed: int = 0, scale: float = 1.0
                 std = 1.0 / math.sqrt(decoder.num_quantizers)
                 module.embedding_sum.copy_(normal(module.embedding_sum.shape, std) * usage[:, None])
             bias = getattr(module, "bias", None)
-            if isinstance(module, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear, nn.LayerNorm)) and bias is not None:
+            if (
+                isinstance(module, (nn.Conv1d, nn.ConvTranspose1d, nn.Linear, nn.LayerNorm))
+                and bias is not None
+            ):
                 bias.copy_(normal(bias.shape, 0.02))
         # residual units: a small residual branch keeps the activation scale flat across blocks
         for module in decoder.modules():

@@ -34,7 +34,9 @@ class _CapturedStep:
         with torch.cuda.graph(self.graph, pool=pool):
             self.wav, self.new_state = decoder.step(self.codes, self.positions, self.lengths, self.state)
 
-    def __call__(self, codes: Tensor, positions: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
+    def __call__(
+        self, codes: Tensor, positions: Tensor, lengths: Tensor, state: State
+    ) -> tuple[Tensor, State]:
         self.codes.copy_(codes)
         self.positions.copy_(positions)
         self.lengths.copy_(lengths)

@@ -190,7 +190,7 @@ def _step_rows(
     chunks: Sequence[Tensor],
     batch_to: int | None = None,
     frames_to: int | None = None,
-    graphs: "CudaGraphSteps | None" = None,
+    graphs: CudaGraphSteps | None = None,
 ) -> list[Tensor]:
     """One batched forward over validated chunks ([n_i, Q] on the device); updates the sessions."""
     lens = [int(c.shape[0]) for c in chunks]
@@ -309,7 +309,9 @@ class SessionBatcher:
                     break
                 if self.pad_to_buckets:
                     outs = _step_rows(
-                        dec, [sessions[i] for i in group], sub,
+                        dec,
+                        [sessions[i] for i in group],
+                        sub,
                         batch_to=_bucket(len(group), self.batch_buckets),
                         frames_to=_bucket(longest, self.frame_buckets),
                         graphs=self.graphs,

@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import contextlib
 import math
+from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any
 
 import numpy as np
 import torch
@@ -75,7 +76,7 @@ class CodecEncoder(nn.Module):
         self.downsample_rate = downsample_rate
         self.sample_rate = sample_rate
 
-    def _apply(self, fn: Any, recurse: bool = True) -> "CodecEncoder":
+    def _apply(self, fn: Any, recurse: bool = True) -> CodecEncoder:
         # Mimi caches `embed_sum / cluster_usage` on first use; drop it whenever tensors move/cast.
         super()._apply(fn, recurse)
         self.reset_codebook_cache()
@@ -101,7 +102,10 @@ class CodecEncoder(nn.Module):
         if not audios:
             return []
         param = next(self.mimi.parameters())
-        wavs = [torch.as_tensor(np.asarray(a, dtype=np.float32)) if isinstance(a, np.ndarray) else a for a in audios]
+        wavs = [
+            torch.as_tensor(np.asarray(a, dtype=np.float32)) if isinstance(a, np.ndarray) else a
+            for a in audios
+        ]
         for w in wavs:
             if w.dim() != 1 or w.numel() == 0:
                 raise ValueError(f"expected non-empty mono audio [samples], got shape {tuple(w.shape)}")
@@ -117,7 +121,10 @@ class CodecEncoder(nn.Module):
             return_dict=True,
         )
         codes = out.audio_codes[:, : self.valid_num_quantizers]  # [B, K, T]
-        return [codes[i, :, : self.num_frames(w.numel())].transpose(0, 1).to("cpu", torch.int64) for i, w in enumerate(wavs)]
+        return [
+            codes[i, :, : self.num_frames(w.numel())].transpose(0, 1).to("cpu", torch.int64)
+            for i, w in enumerate(wavs)
+        ]
 
     def encode(self, audio: torch.Tensor | np.ndarray) -> torch.Tensor:
         """One mono waveform at 24 kHz -> ``[ceil(samples/1920), valid_num_quantizers]`` int64."""
@@ -126,12 +133,17 @@ class CodecEncoder(nn.Module):
     @classmethod
     def from_checkpoint(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ) -> "CodecEncoder":
+    ) -> CodecEncoder:
         """Strictly load ``speech_tokenizer/model.safetensors`` (``encoder.*``) of checkpoint dir ``path``."""
         path = Path(path)
         st = load_checkpoint_config(path).speech_tokenizer
         with _skip_init():
-            model = cls(st.encoder_config, st.encoder_valid_num_quantizers, st.encode_downsample_rate, st.input_sample_rate)
+            model = cls(
+                st.encoder_config,
+                st.encoder_valid_num_quantizers,
+                st.encode_downsample_rate,
+                st.input_sample_rate,
+            )
         load_module_weights(model.mimi, path / "speech_tokenizer" / "model.safetensors", CHECKPOINT_PREFIX)
         return model.to(device=device, dtype=dtype).eval()
 
@@ -167,7 +179,11 @@ def _calibration_signal(sample_rate: int, seconds: float, seed: int) -> torch.Te
     rng = np.random.default_rng(seed)
     n = int(sample_rate * seconds)
     t = np.arange(n) / sample_rate
-    f0 = 120.0 + 60.0 * np.sin(2 * np.pi * 0.7 * t) + 20.0 * rng.standard_normal() * np.sin(2 * np.pi * 3.1 * t)
+    f0 = (
+        120.0
+        + 60.0 * np.sin(2 * np.pi * 0.7 * t)
+        + 20.0 * rng.standard_normal() * np.sin(2 * np.pi * 3.1 * t)
+    )
     phase = 2 * np.pi * np.cumsum(f0) / sample_rate
     voiced = sum(np.sin(k * phase + rng.uniform(0, 2 * np.pi)) / k for k in range(1, 12))
     envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.3 * t) ** 2

@@ -42,7 +42,7 @@ class VoiceCloneFrontEnd:
     @classmethod
     def from_checkpoint(
         cls, path: str | Path, device: str | torch.device = "cpu", dtype: torch.dtype = torch.float32
-    ) -> "VoiceCloneFrontEnd":
+    ) -> VoiceCloneFrontEnd:
         """Load both encoders strictly from a Base checkpoint directory."""
         path = Path(path)
         cfg = load_checkpoint_config(path)

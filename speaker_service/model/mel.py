@@ -96,7 +96,9 @@ class LogMelSpectrogram(nn.Module):
         basis, window = self._tables(audio.device)
         pad = (self.n_fft - self.hop_length) // 2
         if audio.shape[-1] <= pad:
-            raise ValueError(f"audio too short for the mel front end: {audio.shape[-1]} samples (need > {pad})")
+            raise ValueError(
+                f"audio too short for the mel front end: {audio.shape[-1]} samples (need > {pad})"
+            )
         x = nn.functional.pad(audio.unsqueeze(1), (pad, pad), mode="reflect").squeeze(1)
         spec = torch.stft(
             x,

@@ -21,9 +21,7 @@ CHECKPOINT_PREFIX = "speaker_encoder."
 
 
 def _conv(in_ch: int, out_ch: int, kernel_size: int, dilation: int = 1) -> nn.Conv1d:
-    return nn.Conv1d(
-        in_ch, out_ch, kernel_size, dilation=dilation, padding="same", padding_mode="reflect"
-    )
+    return nn.Conv1d(in_ch, out_ch, kernel_size, dilation=dilation, padding="same", padding_mode="reflect")
 
 
 class TimeDelayNetBlock(nn.Module):
@@ -140,7 +138,9 @@ class SpeakerEncoder(nn.Module):
         if not (len(ch) == len(ks) == len(dil)) or len(ch) < 3:
             raise ValueError("enc_channels, enc_kernel_sizes and enc_dilations must have equal length >= 3")
         if ch[-1] != sum(ch[1:-1]):
-            raise ValueError(f"enc_channels[-1] ({ch[-1]}) must equal sum(enc_channels[1:-1]) ({sum(ch[1:-1])})")
+            raise ValueError(
+                f"enc_channels[-1] ({ch[-1]}) must equal sum(enc_channels[1:-1]) ({sum(ch[1:-1])})"
+            )
         self.config = config
         self.blocks = nn.ModuleList([TimeDelayNetBlock(config.mel_dim, ch[0], ks[0], dil[0])])
         for i in range(1, len(ch) - 1):
@@ -150,7 +150,9 @@ class SpeakerEncoder(nn.Module):
         self.mfa = TimeDelayNetBlock(ch[-1], ch[-1], ks[-1], dil[-1])
         self.asp = AttentiveStatisticsPooling(ch[-1], config.enc_attention_channels)
         self.fc = _conv(ch[-1] * 2, config.enc_dim, 1)
-        self.mel = LogMelSpectrogram(sample_rate=config.sample_rate, n_mels=config.mel_dim, fmax=config.sample_rate / 2)
+        self.mel = LogMelSpectrogram(
+            sample_rate=config.sample_rate, n_mels=config.mel_dim, fmax=config.sample_rate / 2
+        )
 
     @property
     def sample_rate(self) -> int:
@@ -186,7 +188,7 @@ class SpeakerEncoder(nn.Module):
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         config: SpeakerEncoderConfig | None = None,
-    ) -> "SpeakerEncoder":
+    ) -> SpeakerEncoder:
         """Strictly load ``speaker_encoder.*`` from the checkpoint directory ``path``.
 
         ``config`` defaults to the directory's ``speaker_encoder_config``; a checkpoint that is not

@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 class _BucketGraph:
     """Static buffers and the captured graph of one batch bucket."""
 
-    def __init__(self, runner: "TalkerRunner", batch: int) -> None:
+    def __init__(self, runner: TalkerRunner, batch: int) -> None:
         from .runner import scatter_state  # noqa: F401  (documented dependency)
 
         self.batch = batch
@@ -55,7 +55,13 @@ class _BucketGraph:
 
         def run() -> StepOutput:
             return decode_step(
-                runner.talker, runner.cache, self.state, self.trailing, attend_len, self.talker_noise, self.cp_noise
+                runner.talker,
+                runner.cache,
+                self.state,
+                self.trailing,
+                attend_len,
+                self.talker_noise,
+                self.cp_noise,
             )
 
         # Warm up on a side stream (allocator + lazy init), then capture.
@@ -72,7 +78,7 @@ class _BucketGraph:
 class CudaGraphStep:
     """Replays the captured decode step for the smallest bucket holding the active rows."""
 
-    def __init__(self, runner: "TalkerRunner", config: EngineConfig) -> None:
+    def __init__(self, runner: TalkerRunner, config: EngineConfig) -> None:
         self.runner = runner
         self.config = config
         self._graphs: dict[int, _BucketGraph] = {}
@@ -88,7 +94,7 @@ class CudaGraphStep:
         trailing: torch.Tensor,
         talker_noise: torch.Tensor | None,
         cp_noise: torch.Tensor | None,
-        requests: list["EngineRequest"],
+        requests: list[EngineRequest],
     ) -> StepOutput:
         from .runner import scatter_state
 

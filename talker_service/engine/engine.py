@@ -24,10 +24,10 @@ import torch
 from tts_common.compute_thread import adopt_torch_threads
 from tts_common.errors import UnavailableError
 
+from ..model.prompt import TalkerPrompt
 from ..model.sampling import SamplingParams
 from ..model.talker import Talker
 from .config import EngineConfig
-from ..model.prompt import TalkerPrompt
 from .request import DoneEvent, EngineEvent, EngineRequest, FinishReason, FrameEvent
 from .runner import TalkerRunner
 from .scheduler import Scheduler

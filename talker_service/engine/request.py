@@ -5,9 +5,8 @@ from __future__ import annotations
 import enum
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
-
 
 from ..model.prompt import TalkerPrompt
 from ..model.sampling import RequestNoise, SamplingParams

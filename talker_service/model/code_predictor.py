@@ -55,7 +55,9 @@ class CodePredictor(nn.Module):
             else nn.Identity()
         )
 
-    def new_cache(self, batch: int, device: torch.device, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def new_cache(
+        self, batch: int, device: torch.device, dtype: torch.dtype
+    ) -> tuple[torch.Tensor, torch.Tensor]:
         """Fresh per-frame cache: k, v of shape [layers, B, kv, num_code_groups, head_dim].
 
         A frame uses positions 0..G-1 (2 prefill positions + G-2 single steps); nothing is read

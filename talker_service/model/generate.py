@@ -29,7 +29,9 @@ class FrameEvent:
     stopped_by_eos: bool = False
 
 
-def _as_prompts(model: TalkerModel, requests: Sequence[SynthesisRequest | TalkerPrompt]) -> list[TalkerPrompt]:
+def _as_prompts(
+    model: TalkerModel, requests: Sequence[SynthesisRequest | TalkerPrompt]
+) -> list[TalkerPrompt]:
     return [r if isinstance(r, TalkerPrompt) else model.build_prompt(r) for r in requests]
 
 
@@ -59,7 +61,9 @@ def iter_frames(
     talker, device = model.talker, model.device
     tcfg = model.config.model.talker
     cp_steps = tcfg.code_predictor.num_code_groups - 1
-    noises = [RequestNoise(p, tcfg.vocab_size, tcfg.code_predictor.vocab_size, cp_steps, device) for p in plist]
+    noises = [
+        RequestNoise(p, tcfg.vocab_size, tcfg.code_predictor.vocab_size, cp_steps, device) for p in plist
+    ]
     prefill_lens = [p.prefill_len for p in prompts]
     cache = model.allocate_cache(n, max(prefill_lens) + max_new_tokens)
 

@@ -33,7 +33,7 @@ class TalkerModel:
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
         onednn_linears: bool = True,
-    ) -> "TalkerModel":
+    ) -> TalkerModel:
         """Load ``path`` strictly (float32 default like the official loader; bfloat16 selectable).
 
         ``onednn_linears``: on CPU in float32, run the linear layers with pre-packed oneDNN

@@ -109,7 +109,9 @@ def validate_request(cfg: Qwen3TTSConfig, req: SynthesisRequest) -> Mode:
         raise InvalidRequestError(f"speaker is not supported by a {kind} checkpoint")
     if kind != "base":
         if req.speaker_embedding is not None or req.ref_codes is not None or req.ref_text:
-            raise InvalidRequestError(f"voice-clone inputs (speaker embedding, reference) need a base checkpoint, not {kind}")
+            raise InvalidRequestError(
+                f"voice-clone inputs (speaker embedding, reference) need a base checkpoint, not {kind}"
+            )
     if req.ref_text and req.ref_codes is None:
         raise InvalidRequestError("ref_text was given without reference codes (ICL needs both)")
     if kind == "custom_voice":
@@ -132,8 +134,14 @@ def validate_request(cfg: Qwen3TTSConfig, req: SynthesisRequest) -> Mode:
     codes = torch.as_tensor(req.ref_codes)
     groups = cfg.talker.code_predictor.num_code_groups
     if codes.ndim != 2 or codes.shape[1] != groups or codes.shape[0] < 1:
-        raise InvalidRequestError(f"ref codes must have shape [frames>=1, {groups}], got {tuple(codes.shape)}")
-    if codes.dtype.is_floating_point or int(codes.min()) < 0 or int(codes.max()) >= cfg.talker.code_predictor.vocab_size:
+        raise InvalidRequestError(
+            f"ref codes must have shape [frames>=1, {groups}], got {tuple(codes.shape)}"
+        )
+    if (
+        codes.dtype.is_floating_point
+        or int(codes.min()) < 0
+        or int(codes.max()) >= cfg.talker.code_predictor.vocab_size
+    ):
         raise InvalidRequestError("ref codes must be integers in [0, codebook size)")
     return "voice_clone_icl"
 
@@ -154,10 +162,10 @@ def build_prompt(
     def ids_tensor(ids: list[int]) -> torch.Tensor:
         return torch.tensor([ids], dtype=torch.int64, device=device)
 
-    def T(ids: list[int]) -> torch.Tensor:
+    def T(ids: list[int]) -> torch.Tensor:  # noqa: N802 - ARCHITECTURE.md §4 notation
         return talker.text_embed(ids_tensor(ids))
 
-    def C(ids: list[int]) -> torch.Tensor:
+    def C(ids: list[int]) -> torch.Tensor:  # noqa: N802 - ARCHITECTURE.md §4 notation
         return talker.codec_embed(ids_tensor(ids))
 
     non_streaming = req.non_streaming_text
@@ -169,7 +177,9 @@ def build_prompt(
         raise InvalidRequestError("text produced no tokens")
     text_ids = input_ids[3:-5]
 
-    tts_bos, tts_eos, tts_pad = T([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]).chunk(3, dim=1)
+    tts_bos, tts_eos, tts_pad = T([cfg.tts_bos_token_id, cfg.tts_eos_token_id, cfg.tts_pad_token_id]).chunk(
+        3, dim=1
+    )
 
     # Codec prefix: think/language tokens, optional speaker vector, then pad + bos.
     language = _norm_language(cfg, req.language)
@@ -191,7 +201,9 @@ def build_prompt(
         assert req.speaker_embedding is not None
         dtype = talker.codec_head.weight.dtype
         spk = torch.as_tensor(req.speaker_embedding).to(device=device, dtype=dtype).reshape(1, 1, -1)
-    codec_parts = [C(prefix_ids)] + ([spk] if spk is not None else []) + [C([tc.codec_pad_id, tc.codec_bos_id])]
+    codec_parts = (
+        [C(prefix_ids)] + ([spk] if spk is not None else []) + [C([tc.codec_pad_id, tc.codec_bos_id])]
+    )
     codec_prefix = torch.cat(codec_parts, dim=1)
     n = codec_prefix.shape[1]
 

@@ -57,12 +57,12 @@ class SamplingParams:
             raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
 
     @classmethod
-    def greedy(cls, repetition_penalty: float = 1.05) -> "SamplingParams":
+    def greedy(cls, repetition_penalty: float = 1.05) -> SamplingParams:
         """Greedy talker and code predictor (the fixtures' setting)."""
         return cls(do_sample=False, subtalker_dosample=False, repetition_penalty=repetition_penalty)
 
     @classmethod
-    def from_defaults(cls, defaults: object, **overrides: object) -> "SamplingParams":
+    def from_defaults(cls, defaults: object, **overrides: object) -> SamplingParams:
         """From ``tts_common.config.GenerationDefaults`` (same field names), explicit args win."""
         names = {f.name for f in fields(cls)}
         kwargs = {n: getattr(defaults, n) for n in names if hasattr(defaults, n)}
@@ -85,7 +85,7 @@ class SamplingTensors:
     sub_top_p: torch.Tensor
 
     @classmethod
-    def stack(cls, params: list[SamplingParams], device: torch.device | str) -> "SamplingTensors":
+    def stack(cls, params: list[SamplingParams], device: torch.device | str) -> SamplingTensors:
         def t(vals: list, dtype: torch.dtype) -> torch.Tensor:
             return torch.tensor(vals, dtype=dtype, device=device)
 
@@ -101,7 +101,7 @@ class SamplingTensors:
             sub_top_p=t([p.subtalker_top_p for p in params], torch.float32),
         )
 
-    def rows(self, index: torch.Tensor | slice) -> "SamplingTensors":
+    def rows(self, index: torch.Tensor | slice) -> SamplingTensors:
         """A subset of rows (e.g. dropping finished requests)."""
         return SamplingTensors(**{f.name: getattr(self, f.name)[index] for f in fields(self)})
 

@@ -49,7 +49,7 @@ class DecodeState:
         return self.positions.shape[0]
 
     @classmethod
-    def cat(cls, states: list["DecodeState"]) -> "DecodeState":
+    def cat(cls, states: list[DecodeState]) -> DecodeState:
         """Concatenate single/multi-row states (slots must all be tensors)."""
         out: dict[str, object] = {}
         for f in fields(cls):
@@ -66,7 +66,7 @@ class DecodeState:
                 out[f.name] = torch.cat(vals)
         return cls(**out)  # type: ignore[arg-type]
 
-    def rows(self, index: torch.Tensor) -> "DecodeState":
+    def rows(self, index: torch.Tensor) -> DecodeState:
         """Subset of rows (copies), e.g. to drop finished requests."""
         return DecodeState(
             slots=None if self.slots is None else self.slots[index],
@@ -135,7 +135,9 @@ def prefill(
     logits = talker.logits(past_hidden)
     presence = torch.zeros(1, talker.cfg.vocab_size, dtype=torch.bool, device=device)
     num_generated = torch.zeros(1, dtype=torch.int64, device=device)
-    code0 = choose_code0(talker, logits, presence, num_generated, params, None if noise is None else noise[None])
+    code0 = choose_code0(
+        talker, logits, presence, num_generated, params, None if noise is None else noise[None]
+    )
     presence.scatter_(1, code0[:, None], True)
     return DecodeState(
         slots=torch.tensor([slot], device=device),
@@ -234,6 +236,4 @@ def decode_step(
         state.positions.add_(1)
         state.last_code0.copy_(code0)
         state.past_hidden.copy_(past_hidden)
-        return StepOutput(
-            frame_codes=frame, next_code0=code0, is_eos=code0 == talker.cfg.codec_eos_token_id
-        )
+        return StepOutput(frame_codes=frame, next_code0=code0, is_eos=code0 == talker.cfg.codec_eos_token_id)

@@ -39,7 +39,7 @@ class KVCache:
     @classmethod
     def allocate(
         cls, cfg: TalkerConfig, num_slots: int, max_len: int, device: torch.device | str, dtype: torch.dtype
-    ) -> "KVCache":
+    ) -> KVCache:
         """Zeroed buffers for ``num_slots`` concurrent requests of up to ``max_len`` positions."""
         assert cfg.head_dim is not None
         shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
@@ -157,7 +157,9 @@ class Talker(nn.Module):
         else:
             key_pos = torch.arange(attend_len, device=positions.device)
             mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)
-        spec = AttentionSpec(positions=positions, slots=slots, attend_len=attend_len, mask=mask, is_causal=prefill)
+        spec = AttentionSpec(
+            positions=positions, slots=slots, attend_len=attend_len, mask=mask, is_causal=prefill
+        )
         hidden = self.model.run_layers(inputs_embeds, cache.k, cache.v, spec)
         new_len = positions[:, -1] + 1
         if isinstance(slots, int):

@@ -33,10 +33,14 @@ class TextTokenizer:
         self._added = dict(added)
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> "TextTokenizer":
+    def from_checkpoint(cls, path: str | Path) -> TextTokenizer:
         """Build from ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` of ``path``."""
         root = Path(path)
-        vocab_file, merges_file, cfg_file = root / "vocab.json", root / "merges.txt", root / "tokenizer_config.json"
+        vocab_file, merges_file, cfg_file = (
+            root / "vocab.json",
+            root / "merges.txt",
+            root / "tokenizer_config.json",
+        )
         for f in (vocab_file, merges_file):
             if not f.is_file():
                 raise TokenizerError(f"missing tokenizer file: {f}")

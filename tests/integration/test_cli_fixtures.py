@@ -15,16 +15,31 @@ import numpy as np
 import pytest
 import soundfile as sf
 
-from conftest import CHECKPOINT_NAMES, CKPT_DIR, REFERENCE_DIR
+from tests.helpers.fixtures import CHECKPOINT_NAMES, CKPT_DIR, REFERENCE_DIR
 
 
 @pytest.mark.parametrize("name", CHECKPOINT_NAMES)
 def test_offline_cli_matches_reference(tmp_path, name):
     requests = REFERENCE_DIR / name / "requests.jsonl"
     proc = subprocess.run(
-        [sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(CKPT_DIR / name),
-         "--requests", str(requests), "--out-dir", str(tmp_path), "--greedy", "--max-new-tokens", "80"],
-        capture_output=True, text=True, timeout=300,
+        [
+            sys.executable,
+            "-m",
+            "qwen3_tts.cli",
+            "synthesize",
+            "--model",
+            str(CKPT_DIR / name),
+            "--requests",
+            str(requests),
+            "--out-dir",
+            str(tmp_path),
+            "--greedy",
+            "--max-new-tokens",
+            "80",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
     for line in requests.read_text().splitlines():
@@ -50,9 +65,25 @@ def test_offline_cli_matches_reference(tmp_path, name):
 )
 def test_offline_cli_rejects_invalid_requests(tmp_path, extra, message):
     proc = subprocess.run(
-        [sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(CKPT_DIR / "tiny_custom_voice"),
-         "--text", "Hello.", "--out", str(tmp_path / "o.wav"), "--greedy", "--max-new-tokens", "5", *extra],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "qwen3_tts.cli",
+            "synthesize",
+            "--model",
+            str(CKPT_DIR / "tiny_custom_voice"),
+            "--text",
+            "Hello.",
+            "--out",
+            str(tmp_path / "o.wav"),
+            "--greedy",
+            "--max-new-tokens",
+            "5",
+            *extra,
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert message in proc.stderr, proc.stderr
@@ -62,20 +93,45 @@ def test_offline_cli_rejects_unreadable_reference_audio(tmp_path):
     bad = tmp_path / "bad.wav"
     bad.write_bytes(b"not audio at all")
     proc = subprocess.run(
-        [sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(CKPT_DIR / "tiny_base"),
-         "--text", "Hello.", "--out", str(tmp_path / "o.wav"), "--ref-audio", str(bad), "--x-vector-only",
-         "--greedy", "--max-new-tokens", "5"],
-        capture_output=True, text=True, timeout=120,
+        [
+            sys.executable,
+            "-m",
+            "qwen3_tts.cli",
+            "synthesize",
+            "--model",
+            str(CKPT_DIR / "tiny_base"),
+            "--text",
+            "Hello.",
+            "--out",
+            str(tmp_path / "o.wav"),
+            "--ref-audio",
+            str(bad),
+            "--x-vector-only",
+            "--greedy",
+            "--max-new-tokens",
+            "5",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     assert proc.returncode != 0
     assert "could not decode audio" in proc.stderr, proc.stderr
 
 
 def test_make_dev_model_loads_back_and_synthesizes(tmp_path):
-    for kind, extra in [("custom_voice", ["--speaker", "ryan"]), ("base", None), ("voice_design", ["--instruct", "Calm."])]:
+    for kind, extra in [
+        ("custom_voice", ["--speaker", "ryan"]),
+        ("base", None),
+        ("voice_design", ["--instruct", "Calm."]),
+    ]:
         ckpt = tmp_path / kind
-        proc = subprocess.run([sys.executable, "-m", "qwen3_tts.cli", "make-dev-model", str(ckpt), "--type", kind],
-                              capture_output=True, text=True, timeout=120)
+        proc = subprocess.run(
+            [sys.executable, "-m", "qwen3_tts.cli", "make-dev-model", str(ckpt), "--type", kind],
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert proc.returncode == 0, proc.stderr
         if extra is None:
             ref = tmp_path / "ref.wav"
@@ -84,9 +140,28 @@ def test_make_dev_model_loads_back_and_synthesizes(tmp_path):
             extra = ["--ref-audio", str(ref), "--ref-text", "A reference sentence."]
         out = tmp_path / f"{kind}.wav"
         proc = subprocess.run(
-            [sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(ckpt), "--text", "Hello world.",
-             "--out", str(out), "--codes-out", str(tmp_path / f"{kind}.npy"), "--seed", "0", "--max-new-tokens", "30", *extra],
-            capture_output=True, text=True, timeout=120,
+            [
+                sys.executable,
+                "-m",
+                "qwen3_tts.cli",
+                "synthesize",
+                "--model",
+                str(ckpt),
+                "--text",
+                "Hello world.",
+                "--out",
+                str(out),
+                "--codes-out",
+                str(tmp_path / f"{kind}.npy"),
+                "--seed",
+                "0",
+                "--max-new-tokens",
+                "30",
+                *extra,
+            ],
+            capture_output=True,
+            text=True,
+            timeout=120,
         )
         assert proc.returncode == 0, proc.stderr
         wav, sr = sf.read(out, dtype="float32")
@@ -94,5 +169,9 @@ def test_make_dev_model_loads_back_and_synthesizes(tmp_path):
         assert sr == 24000 and len(wav) == codes.shape[0] * 1920 and np.isfinite(wav).all()
     # --if-missing keeps an existing checkpoint.
     stamp = (tmp_path / "base" / "model.safetensors").stat().st_mtime_ns
-    subprocess.run([sys.executable, "-m", "qwen3_tts.cli", "make-dev-model", str(tmp_path / "base"), "--if-missing"], check=True, timeout=60)
+    subprocess.run(
+        [sys.executable, "-m", "qwen3_tts.cli", "make-dev-model", str(tmp_path / "base"), "--if-missing"],
+        check=True,
+        timeout=60,
+    )
     assert (tmp_path / "base" / "model.safetensors").stat().st_mtime_ns == stamp

@@ -1,6 +1,6 @@
 """deploy/docker-compose.yml run WITHOUT Docker: each service as a local process, compose-style.
 
-The compose model is resolved exactly as in tests/unit/test_deploy_compose.py (interpolation with
+The compose model is resolved exactly as in tests/helpers/compose.py (interpolation with
 the documented defaults, the CPU override merged). Then every service is started the way its
 container would start it: through deploy/docker-entrypoint.sh with the service's own `command`
 and `environment`, in `depends_on` order (`service_completed_successfully` waits for the one-shot
@@ -46,31 +46,23 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers import compose
 from tts_common import metrics
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[2]
 ENTRYPOINT = REPO / "deploy" / "docker-entrypoint.sh"
-REQUIRED_MODULES = ("talker_service.__main__", "decoder_service.__main__",
-                    "speaker_service.__main__", "gateway.__main__", "qwen3_tts.cli")
+REQUIRED_MODULES = (
+    "talker_service.__main__",
+    "decoder_service.__main__",
+    "speaker_service.__main__",
+    "gateway.__main__",
+    "qwen3_tts.cli",
+)
 START_TIMEOUT = 240.0
 """Seconds for a one-shot service to finish or a server to report SERVING."""
 
 pytestmark = pytest.mark.slow
-
-
-def _compose_helpers():  # noqa: ANN202 - a module
-    """The compose resolver of tests/unit/test_deploy_compose.py, loaded by path."""
-    path = REPO / "tests" / "unit" / "test_deploy_compose.py"
-    spec = importlib.util.spec_from_file_location("_deploy_compose_helpers_local", path)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up there
-    spec.loader.exec_module(module)
-    return module
-
-
-compose = _compose_helpers()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -114,9 +106,9 @@ def _shims(directory: Path) -> Path:
     repository's packages)."""
     directory.mkdir(parents=True, exist_ok=True)
     python = directory / "python"
-    python.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} \"$@\"\n")
+    python.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n')
     cli = directory / "qwen3-tts"
-    cli.write_text(f"#!/bin/sh\nexec {shlex.quote(sys.executable)} -m qwen3_tts.cli \"$@\"\n")
+    cli.write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} -m qwen3_tts.cli "$@"\n')
     for path in (python, cli):
         path.chmod(0o755)
     return directory
@@ -154,18 +146,21 @@ def local_services(model: dict[str, Any], tmp: Path) -> list[LocalService]:
                 env[key] = _localize(value, hosts, volume_dirs)
         proc = compose.service_process(svc)
         health = (svc.get("healthcheck") or {}).get("test")
-        result.append(LocalService(
-            name=name,
-            argv=["sh", str(ENTRYPOINT), *argv],
-            env=env,
-            depends_on={d: spec["condition"] for d, spec in (svc.get("depends_on") or {}).items()},
-            oneshot=proc is None,
-            grpc_port=proc[1].port if proc else None,
-            metrics_port=proc[1].metrics_port if proc else None,
-            stop_grace=compose.parse_duration(svc.get("stop_grace_period", "10s")),
-            healthcheck=[_localize(a, hosts, volume_dirs) for a in health[1:]]
-            if health and health[0] == "CMD" else None,
-        ))
+        result.append(
+            LocalService(
+                name=name,
+                argv=["sh", str(ENTRYPOINT), *argv],
+                env=env,
+                depends_on={d: spec["condition"] for d, spec in (svc.get("depends_on") or {}).items()},
+                oneshot=proc is None,
+                grpc_port=proc[1].port if proc else None,
+                metrics_port=proc[1].metrics_port if proc else None,
+                stop_grace=compose.parse_duration(svc.get("stop_grace_period", "10s")),
+                healthcheck=[_localize(a, hosts, volume_dirs) for a in health[1:]]
+                if health and health[0] == "CMD"
+                else None,
+            )
+        )
     return result
 
 
@@ -201,8 +196,9 @@ def _port_in_use(port: int) -> bool:
 def _serving(port: int, timeout: float = 1.0) -> bool:
     try:
         with grpc.insecure_channel(f"127.0.0.1:{port}") as channel:
-            reply = health_pb2_grpc.HealthStub(channel).Check(health_pb2.HealthCheckRequest(),
-                                                               timeout=timeout)
+            reply = health_pb2_grpc.HealthStub(channel).Check(
+                health_pb2.HealthCheckRequest(), timeout=timeout
+            )
     except grpc.RpcError:
         return False
     return reply.status == health_pb2.HealthCheckResponse.SERVING
@@ -210,9 +206,10 @@ def _serving(port: int, timeout: float = 1.0) -> bool:
 
 def _start(service: LocalService, log_dir: Path) -> None:
     service.log_path = log_dir / f"{service.name}.log"
-    service._log = open(service.log_path, "ab")  # noqa: SIM115 - closed in _stop_all
-    service.process = subprocess.Popen(service.argv, env=service.env, cwd=REPO,
-                                       stdout=service._log, stderr=subprocess.STDOUT)
+    service._log = open(service.log_path, "ab")
+    service.process = subprocess.Popen(
+        service.argv, env=service.env, cwd=REPO, stdout=service._log, stderr=subprocess.STDOUT
+    )
 
 
 def _wait_for(service: LocalService, condition: str, everyone: list[LocalService]) -> None:
@@ -226,10 +223,10 @@ def _wait_for(service: LocalService, condition: str, everyone: list[LocalService
                 assert code == 0, f"{service.name} exited {code}:\n{service.log_tail()}"
                 return
         else:
-            assert code is None, f"{service.name} exited {code} during start-up:\n" \
-                                 f"{service.log_tail()}"
+            assert code is None, f"{service.name} exited {code} during start-up:\n{service.log_tail()}"
             if condition == "service_started" or (
-                    service.grpc_port is not None and _serving(service.grpc_port)):
+                service.grpc_port is not None and _serving(service.grpc_port)
+            ):
                 return
         time.sleep(0.25)
     logs = "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in everyone)
@@ -282,8 +279,9 @@ def stack_of(tmp_path: Path) -> Iterator:
             _start(service, log_dir)
             started.append(service)
         for service in started:  # every server up, as `docker compose up --wait` would wait
-            _wait_for(service, "service_completed_successfully" if service.oneshot
-                      else "service_healthy", started)
+            _wait_for(
+                service, "service_completed_successfully" if service.oneshot else "service_healthy", started
+            )
         return started
 
     yield start
@@ -307,10 +305,13 @@ def _cuda_available() -> bool:
     return bool(torch.cuda.is_available())
 
 
-@pytest.mark.parametrize("variant", [
-    "cpu",
-    pytest.param("gpu", marks=pytest.mark.skipif(not _cuda_available(), reason="needs CUDA")),
-])
+@pytest.mark.parametrize(
+    "variant",
+    [
+        "cpu",
+        pytest.param("gpu", marks=pytest.mark.skipif(not _cuda_available(), reason="needs CUDA")),
+    ],
+)
 def test_compose_services_run_as_local_processes(variant: str, stack_of) -> None:
     missing = [m for m in REQUIRED_MODULES if importlib.util.find_spec(m) is None]
     if missing:
@@ -326,25 +327,31 @@ def test_compose_services_run_as_local_processes(variant: str, stack_of) -> None
             voices = stub.ListVoices(tts_pb2.ListVoicesRequest(), timeout=30)
             assert voices.speakers, "the dev checkpoint (custom_voice) has preset speakers"
             request = tts_pb2.SynthesizeRequest(
-                text="Hello world.", language="english", speaker=voices.speakers[0].name,
-                sampling=tts_pb2.SamplingOptions(do_sample=False, subtalker_do_sample=False,
-                                                 max_new_tokens=20))
+                text="Hello world.",
+                language="english",
+                speaker=voices.speakers[0].name,
+                sampling=tts_pb2.SamplingOptions(
+                    do_sample=False, subtalker_do_sample=False, max_new_tokens=20
+                ),
+            )
             responses = list(stub.Synthesize(request, timeout=120))
         _check_stream(responses, max_frames=19)
 
         for service in services:
             if service.healthcheck is not None:
-                result = subprocess.run(service.healthcheck, env=service.env, cwd=REPO,
-                                        capture_output=True, text=True, timeout=60)
-                assert result.returncode == 0, \
+                result = subprocess.run(
+                    service.healthcheck, env=service.env, cwd=REPO, capture_output=True, text=True, timeout=60
+                )
+                assert result.returncode == 0, (
                     f"{service.name} healthcheck {service.healthcheck}: {result.stderr}"
+                )
             if service.metrics_port:
                 with urllib.request.urlopen(
-                        f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=10) as reply:
+                    f"http://127.0.0.1:{service.metrics_port}/metrics", timeout=10
+                ) as reply:
                     text = reply.read().decode()
                 assert f"{metrics.PREFIX}ready" in text, service.name
-        with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics",
-                                    timeout=10) as reply:
+        with urllib.request.urlopen(f"http://127.0.0.1:{gateway.metrics_port}/metrics", timeout=10) as reply:
             assert 'qwen3tts_requests_total{stage="gateway",status="OK"}' in reply.read().decode()
     except BaseException:
         logs = "\n".join(f"--- {s.name}\n{s.log_tail(2000)}" for s in services)
@@ -354,8 +361,10 @@ def test_compose_services_run_as_local_processes(variant: str, stack_of) -> None
     codes = _stop_all(services)
     logs = "\n".join(f"--- {s.name}\n{s.log_tail(1500)}" for s in services)
     for name, code in codes.items():
-        assert code == 0, f"{name} exited {code} after SIGTERM (None: not within " \
-                          f"stop_grace_period {by_name[name].stop_grace}s)\n{logs}"
+        assert code == 0, (
+            f"{name} exited {code} after SIGTERM (None: not within "
+            f"stop_grace_period {by_name[name].stop_grace}s)\n{logs}"
+        )
 
 
 def _check_stream(responses: list[tts_pb2.SynthesizeResponse], max_frames: int) -> None:

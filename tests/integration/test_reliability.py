@@ -17,9 +17,9 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from conftest import CKPT_DIR
-from stack import running_stack, start_stage, wait_for
 from qwen3_tts.local_stack import is_serving
+from tests.helpers.fixtures import CKPT_DIR
+from tests.helpers.stack import running_stack, start_stage, wait_for
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -71,13 +71,23 @@ def test_64_concurrent_streams_complete_or_are_refused(stack):
     async def run():
         async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
             stub = tts_pb2_grpc.TextToSpeechStub(ch)
-            await collect(stub, tts_pb2.SynthesizeRequest(text="Warm up.", speaker="Ryan", sampling=SHORT), 60)
+            await collect(
+                stub, tts_pb2.SynthesizeRequest(text="Warm up.", speaker="Ryan", sampling=SHORT), 60
+            )
             before = rss_mib(talker_pid)
             t0 = time.monotonic()
-            results = await asyncio.gather(*[
-                collect(stub, tts_pb2.SynthesizeRequest(text=f"Request number {i}.", speaker="Ryan", sampling=SHORT), 90)
-                for i in range(64)
-            ])
+            results = await asyncio.gather(
+                *[
+                    collect(
+                        stub,
+                        tts_pb2.SynthesizeRequest(
+                            text=f"Request number {i}.", speaker="Ryan", sampling=SHORT
+                        ),
+                        90,
+                    )
+                    for i in range(64)
+                ]
+            )
             return before, time.monotonic() - t0, results
 
     before, elapsed, results = asyncio.run(run())
@@ -95,10 +105,14 @@ def test_deadline_and_disconnect_free_talker_and_decoder(stack):
     async def run():
         async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
             stub = tts_pb2_grpc.TextToSpeechStub(ch)
-            status, _ = await collect(stub, tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), 1.0)
+            status, _ = await collect(
+                stub, tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), 1.0
+            )
             assert status == "DEADLINE_EXCEEDED"
             assert wait_for(lambda: idle(stack), timeout=5)
-            call = stub.Synthesize(tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), timeout=60)
+            call = stub.Synthesize(
+                tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), timeout=60
+            )
             async for response in call:
                 if response.WhichOneof("payload") == "audio":
                     break
@@ -116,7 +130,9 @@ def test_stage_killed_mid_stream_gives_unavailable_then_recovers(stack, victim):
     async def run():
         async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
             stub = tts_pb2_grpc.TextToSpeechStub(ch)
-            call = stub.Synthesize(tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), timeout=60)
+            call = stub.Synthesize(
+                tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=LONG), timeout=60
+            )
             async for response in call:
                 if response.WhichOneof("payload") == "audio":
                     break
@@ -142,7 +158,9 @@ def test_stage_killed_mid_stream_gives_unavailable_then_recovers(stack, victim):
     async def again():
         async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
             stub = tts_pb2_grpc.TextToSpeechStub(ch)
-            return await collect(stub, tts_pb2.SynthesizeRequest(text="Back again.", speaker="Ryan", sampling=SHORT), 30)
+            return await collect(
+                stub, tts_pb2.SynthesizeRequest(text="Back again.", speaker="Ryan", sampling=SHORT), 30
+            )
 
     deadline = time.monotonic() + 20
     status = None
@@ -168,7 +186,9 @@ def base_stack(tmp_path_factory):
 
 def test_hostile_reference_audio(base_stack):
     t = np.arange(8000 * 2) / 8000
-    stereo_8k = np.stack([np.sin(2 * np.pi * 200 * t), np.sin(2 * np.pi * 300 * t)], axis=1).astype(np.float32) * 0.3
+    stereo_8k = (
+        np.stack([np.sin(2 * np.pi * 200 * t), np.sin(2 * np.pi * 300 * t)], axis=1).astype(np.float32) * 0.3
+    )
     nan_audio = np.zeros(24000, dtype=np.float32)
     nan_audio[100] = np.nan
     cases = [
@@ -194,18 +214,31 @@ def test_hostile_reference_audio(base_stack):
 
 
 def test_sigterm_gateway_drains_in_flight_and_refuses_new(tmp_path):
-    with running_stack(CKPT_DIR / "tiny_custom_voice", tmp_path / "logs", gateway_args=["--grace-seconds", "20"]) as stack:
+    with running_stack(
+        CKPT_DIR / "tiny_custom_voice", tmp_path / "logs", gateway_args=["--grace-seconds", "20"]
+    ) as stack:
         gateway = stack.by_name["gateway"]
 
         async def run():
             async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
                 stub = tts_pb2_grpc.TextToSpeechStub(ch)
                 medium = tts_pb2.SamplingOptions(seed=3, max_new_tokens=60)
-                tasks = [asyncio.create_task(collect(stub, tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=medium), 60)) for _ in range(3)]
+                tasks = [
+                    asyncio.create_task(
+                        collect(
+                            stub,
+                            tts_pb2.SynthesizeRequest(text=LONG_TEXT, speaker="Ryan", sampling=medium),
+                            60,
+                        )
+                    )
+                    for _ in range(3)
+                ]
                 await asyncio.sleep(0.5)
                 gateway.process.send_signal(signal.SIGTERM)
                 await asyncio.sleep(0.3)
-                late = await collect(stub, tts_pb2.SynthesizeRequest(text="Too late.", speaker="Ryan", sampling=SHORT), 10)
+                late = await collect(
+                    stub, tts_pb2.SynthesizeRequest(text="Too late.", speaker="Ryan", sampling=SHORT), 10
+                )
                 return await asyncio.gather(*tasks), late
 
         in_flight, late = asyncio.run(run())
@@ -224,7 +257,11 @@ def requests(draw):
     req = tts_pb2.SynthesizeRequest(
         request_id=draw(st.text(max_size=8)),
         text=draw(st.one_of(st.text(max_size=40), st.sampled_from(["Hello.", "你好。", " "]))),
-        language=draw(st.one_of(st.sampled_from(["", "auto", "English", "chinese", "beijing_dialect"]), st.text(max_size=6))),
+        language=draw(
+            st.one_of(
+                st.sampled_from(["", "auto", "English", "chinese", "beijing_dialect"]), st.text(max_size=6)
+            )
+        ),
         instruct=draw(st.one_of(st.just(""), st.text(max_size=10))),
         text_feeding=draw(st.sampled_from([0, 1, 2, 7])),
     )
@@ -271,7 +308,11 @@ def test_property_requests_never_internal_never_hang(stack, request):
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
-        assert code not in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DEADLINE_EXCEEDED), (code, details, request)
+        assert code not in (
+            grpc.StatusCode.INTERNAL,
+            grpc.StatusCode.UNKNOWN,
+            grpc.StatusCode.DEADLINE_EXCEEDED,
+        ), (code, details, request)
         assert time.monotonic() - t0 < 30
         if code != grpc.StatusCode.OK:
             assert details, (code, request)

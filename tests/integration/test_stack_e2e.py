@@ -19,8 +19,8 @@ import soundfile as sf
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from conftest import CKPT_DIR, REFERENCE_DIR
-from stack import running_stack, wait_for
+from tests.helpers.fixtures import CKPT_DIR, REFERENCE_DIR
+from tests.helpers.stack import running_stack, wait_for
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -31,9 +31,23 @@ FLOAT32 = tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32)
 def offline(tmp_path, model, *args) -> np.ndarray:
     out = tmp_path / "offline.wav"
     subprocess.run(
-        [sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(model), "--out", str(out),
-         "--greedy", "--max-new-tokens", "80", *args],
-        check=True, timeout=300, capture_output=True,
+        [
+            sys.executable,
+            "-m",
+            "qwen3_tts.cli",
+            "synthesize",
+            "--model",
+            str(model),
+            "--out",
+            str(out),
+            "--greedy",
+            "--max-new-tokens",
+            "80",
+            *args,
+        ],
+        check=True,
+        timeout=300,
+        capture_output=True,
     )
     wav, _ = sf.read(out, dtype="float32")
     return wav
@@ -69,17 +83,25 @@ def base_stack(tmp_path_factory):
 
 def talker_running(stack) -> int:
     with grpc.insecure_channel(stack.address("talker")) as ch:
-        return stages_pb2_grpc.TalkerStub(ch).GetStats(stages_pb2.GetStatsRequest(), timeout=5).running_requests
+        return (
+            stages_pb2_grpc.TalkerStub(ch).GetStats(stages_pb2.GetStatsRequest(), timeout=5).running_requests
+        )
 
 
 def test_synthesize_matches_offline_and_streams_early(cv_stack, tmp_path):
     text = "Hello world, this is a quick test."
-    expected = offline(tmp_path, CKPT_DIR / "tiny_custom_voice", "--text", text, "--speaker", "Ryan", "--language", "English")
+    expected = offline(
+        tmp_path, CKPT_DIR / "tiny_custom_voice", "--text", text, "--speaker", "Ryan", "--language", "English"
+    )
     running_at_first_audio = []
     with grpc.insecure_channel(cv_stack.address("gateway")) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
-        request = tts_pb2.SynthesizeRequest(text=text, speaker="Ryan", language="English", sampling=GREEDY, output=FLOAT32)
-        meta, pieces, summary = synthesize(stub, request, lambda: running_at_first_audio.append(talker_running(cv_stack)))
+        request = tts_pb2.SynthesizeRequest(
+            text=text, speaker="Ryan", language="English", sampling=GREEDY, output=FLOAT32
+        )
+        meta, pieces, summary = synthesize(
+            stub, request, lambda: running_at_first_audio.append(talker_running(cv_stack))
+        )
     audio = np.concatenate([np.frombuffer(p.data, "<f4") for p in pieces])
     assert meta.sample_rate == 24000 and len(pieces) > 1
     assert audio.shape == expected.shape
@@ -90,12 +112,16 @@ def test_synthesize_matches_offline_and_streams_early(cv_stack, tmp_path):
     assert summary.finish_reason in (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH)
     assert 0 < summary.time_to_first_audio_ms < summary.total_ms
     # Matches the official fixture too (same request as cv_en_ryan_nonstream).
-    np.testing.assert_allclose(audio, np.load(REFERENCE_DIR / "tiny_custom_voice/cv_en_ryan_nonstream/wav_0.npy"), atol=1e-4)
+    np.testing.assert_allclose(
+        audio, np.load(REFERENCE_DIR / "tiny_custom_voice/cv_en_ryan_nonstream/wav_0.npy"), atol=1e-4
+    )
 
     # PCM16 (default encoding): the same signal within one quantisation step.
     with grpc.insecure_channel(cv_stack.address("gateway")) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
-        _, pieces16, _ = synthesize(stub, tts_pb2.SynthesizeRequest(text=text, speaker="Ryan", language="English", sampling=GREEDY))
+        _, pieces16, _ = synthesize(
+            stub, tts_pb2.SynthesizeRequest(text=text, speaker="Ryan", language="English", sampling=GREEDY)
+        )
     pcm = np.concatenate([np.frombuffer(p.data, "<i2") for p in pieces16]).astype(np.float32) / 32767
     assert pcm.shape == expected.shape and np.abs(pcm - expected).max() <= 1 / 32767 + 1e-4
 
@@ -103,18 +129,41 @@ def test_synthesize_matches_offline_and_streams_early(cv_stack, tmp_path):
 def test_voice_clone_through_speaker_stage_matches_offline(base_stack, tmp_path):
     ref = REFERENCE_DIR / "tiny_base" / "ref_24k.wav"
     text, ref_text = "She said she would be here by noon.", "This is what my voice sounds like."
-    expected = offline(tmp_path, CKPT_DIR / "tiny_base", "--text", text, "--language", "English",
-                       "--ref-audio", str(ref), "--ref-text", ref_text)
+    expected = offline(
+        tmp_path,
+        CKPT_DIR / "tiny_base",
+        "--text",
+        text,
+        "--language",
+        "English",
+        "--ref-audio",
+        str(ref),
+        "--ref-text",
+        ref_text,
+    )
     with grpc.insecure_channel(base_stack.address("gateway")) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         request = tts_pb2.SynthesizeRequest(
-            text=text, language="English", sampling=GREEDY, output=FLOAT32,
+            text=text,
+            language="English",
+            sampling=GREEDY,
+            output=FLOAT32,
             clone=tts_pb2.VoiceClone(ref_audio=ref.read_bytes(), ref_text=ref_text),
         )
         _, pieces, summary = synthesize(stub, request)
         # A registered voice gives the same audio.
-        voice = stub.RegisterVoice(tts_pb2.RegisterVoiceRequest(name="me", reference=tts_pb2.VoiceClone(ref_audio=ref.read_bytes(), ref_text=ref_text)), timeout=60)
-        _, pieces2, _ = synthesize(stub, tts_pb2.SynthesizeRequest(text=text, language="English", sampling=GREEDY, output=FLOAT32, voice_id=voice.voice_id))
+        voice = stub.RegisterVoice(
+            tts_pb2.RegisterVoiceRequest(
+                name="me", reference=tts_pb2.VoiceClone(ref_audio=ref.read_bytes(), ref_text=ref_text)
+            ),
+            timeout=60,
+        )
+        _, pieces2, _ = synthesize(
+            stub,
+            tts_pb2.SynthesizeRequest(
+                text=text, language="English", sampling=GREEDY, output=FLOAT32, voice_id=voice.voice_id
+            ),
+        )
     audio = np.concatenate([np.frombuffer(p.data, "<f4") for p in pieces])
     audio2 = np.concatenate([np.frombuffer(p.data, "<f4") for p in pieces2])
     assert audio.shape == expected.shape and np.abs(audio - expected).max() <= 1e-4
@@ -132,7 +181,9 @@ def test_reflection_and_health(cv_stack):
     for name, service in expected_services.items():
         with grpc.insecure_channel(cv_stack.address(name)) as channel:
             stub = reflection_pb2_grpc.ServerReflectionStub(channel)
-            responses = stub.ServerReflectionInfo(iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10)
+            responses = stub.ServerReflectionInfo(
+                iter([reflection_pb2.ServerReflectionRequest(list_services="")]), timeout=10
+            )
             listed = {s.name for r in responses for s in r.list_services_response.service}
             assert {service, "grpc.health.v1.Health", "grpc.reflection.v1alpha.ServerReflection"} <= listed
             responses = stub.ServerReflectionInfo(
@@ -149,7 +200,8 @@ def test_cancel_mid_stream_frees_talker_slot(cv_stack):
     with grpc.insecure_channel(cv_stack.address("gateway")) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         request = tts_pb2.SynthesizeRequest(
-            text="The quick brown fox jumps over the lazy dog. " * 3, speaker="Ryan",
+            text="The quick brown fox jumps over the lazy dog. " * 3,
+            speaker="Ryan",
             sampling=tts_pb2.SamplingOptions(seed=1, max_new_tokens=2000),
         )
         call = stub.Synthesize(request, timeout=120)
@@ -169,10 +221,28 @@ def test_invalid_requests_get_clear_statuses(cv_stack):
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
         cases = [
             (tts_pb2.SynthesizeRequest(text="", speaker="Ryan"), grpc.StatusCode.INVALID_ARGUMENT, "text"),
-            (tts_pb2.SynthesizeRequest(text="Hi.", speaker="Nobody"), grpc.StatusCode.INVALID_ARGUMENT, "speaker"),
-            (tts_pb2.SynthesizeRequest(text="Hi.", speaker="Ryan", language="Klingon"), grpc.StatusCode.INVALID_ARGUMENT, "language"),
-            (tts_pb2.SynthesizeRequest(text="Hi.", speaker="Ryan", instruct="whisper"), grpc.StatusCode.INVALID_ARGUMENT, "instruct"),
-            (tts_pb2.SynthesizeRequest(text="Hi.", speaker="Ryan", sampling=tts_pb2.SamplingOptions(temperature=0)), grpc.StatusCode.INVALID_ARGUMENT, "temperature"),
+            (
+                tts_pb2.SynthesizeRequest(text="Hi.", speaker="Nobody"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "speaker",
+            ),
+            (
+                tts_pb2.SynthesizeRequest(text="Hi.", speaker="Ryan", language="Klingon"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "language",
+            ),
+            (
+                tts_pb2.SynthesizeRequest(text="Hi.", speaker="Ryan", instruct="whisper"),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "instruct",
+            ),
+            (
+                tts_pb2.SynthesizeRequest(
+                    text="Hi.", speaker="Ryan", sampling=tts_pb2.SamplingOptions(temperature=0)
+                ),
+                grpc.StatusCode.INVALID_ARGUMENT,
+                "temperature",
+            ),
             (tts_pb2.SynthesizeRequest(text="Hi.", voice_id="nope"), None, None),
         ]
         for request, code, word in cases:

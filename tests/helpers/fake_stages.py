@@ -1,0 +1,444 @@
+"""Fake stage servers (talker, decoder, speaker) and an in-process gateway harness for the
+gateway tests (their own sanity test: ``tests/unit/gateway/test_fakes.py``).
+
+The fakes are deterministic: the talker emits ``frames`` frames whose codes depend only on the
+frame index, the decoder turns each frame into 1920 samples of a tone whose amplitude depends on
+the frame's first code (:func:`expected_signal` gives the whole utterance), the speaker returns an
+x-vector derived from the audio bytes and 5 frames of reference codes.
+
+Run as a script (``python tests/helpers/fake_stages.py talker MODEL_TYPE FRAMES DELAY
+[PORT]``) it serves a fake talker on loopback (a free port by default) and prints the port: the
+process tests start, SIGKILL and wait for it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import sys
+from collections.abc import AsyncIterator, Coroutine, Sequence
+from pathlib import Path
+from typing import Any, TypeVar
+
+import grpc
+import numpy as np
+
+if __name__ == "__main__":  # script mode: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
+
+T = TypeVar("T")
+SAMPLES_PER_FRAME = 1920
+NUM_CODEBOOKS = 16
+EMBEDDING_DIM = 8
+REF_FRAMES = 5
+
+
+def run(coro: Coroutine[Any, Any, T], timeout: float = 20.0) -> T:
+    """Run a test coroutine with a hard timeout (no pytest-asyncio needed)."""
+    return asyncio.run(asyncio.wait_for(coro, timeout))
+
+
+# ---------------------------------------------------------------------------------------------
+# Deterministic signal
+
+
+def frame_codes(frame: int) -> list[int]:
+    return [(frame * 31 + q * 3 + 1) % 2048 for q in range(NUM_CODEBOOKS)]
+
+
+def frame_audio(frame: int, code0: int) -> np.ndarray:
+    """The fake decoder's output for generated frame ``frame`` with first code ``code0``."""
+    t = (frame * SAMPLES_PER_FRAME + np.arange(SAMPLES_PER_FRAME)) / 24000.0
+    amp = 0.1 + 0.08 * (code0 % 5)
+    return (amp * np.sin(2 * np.pi * 440.0 * t)).astype(np.float32)
+
+
+def expected_signal(frames: int) -> np.ndarray:
+    """The whole 24 kHz float32 utterance of ``frames`` fake frames."""
+    if frames == 0:
+        return np.zeros(0, dtype=np.float32)
+    return np.concatenate([frame_audio(f, frame_codes(f)[0]) for f in range(frames)])
+
+
+# ---------------------------------------------------------------------------------------------
+# Fake stages
+
+
+def model_info(model_type: str) -> stages_pb2.TalkerInfo:
+    speakers = (
+        [
+            tts_pb2.PresetSpeaker(name="vivian"),
+            tts_pb2.PresetSpeaker(name="ryan"),
+            tts_pb2.PresetSpeaker(name="eric", dialect="sichuan_dialect"),
+        ]
+        if model_type == "custom_voice"
+        else []
+    )
+    return stages_pb2.TalkerInfo(
+        model=tts_pb2.ModelInfo(
+            model_type=model_type,
+            model_size="0b6",
+            model_name=f"fake-{model_type}",
+            sample_rate=24000,
+            frame_rate=12.5,
+            num_codebooks=NUM_CODEBOOKS,
+            speakers=speakers,
+            languages=["auto", "chinese", "english"],
+            instruct_supported=model_type == "voice_design",
+            voice_clone_supported=model_type == "base",
+            default_sampling=tts_pb2.SamplingOptions(
+                do_sample=True,
+                temperature=0.9,
+                top_k=50,
+                top_p=1.0,
+                repetition_penalty=1.05,
+                subtalker_do_sample=True,
+                subtalker_temperature=0.9,
+                subtalker_top_k=50,
+                subtalker_top_p=1.0,
+                max_new_tokens=2048,
+            ),
+            dtype="float32",
+        ),
+        max_batch_size=4,
+        max_seq_len=4096,
+        speaker_embedding_dim=EMBEDDING_DIM if model_type == "base" else 0,
+        device="cpu",
+        dtype="float32",
+    )
+
+
+class FakeTalker(stages_pb2_grpc.TalkerServicer):
+    """Emits ``frames`` frames ``delay`` seconds apart; honours Cancel and call cancellation."""
+
+    def __init__(self, model_type: str = "custom_voice", frames: int = 6, delay: float = 0.005) -> None:
+        self.info = model_info(model_type)
+        self.frames = frames
+        self.delay = delay
+        self.requests: list[stages_pb2.TalkerRequest] = []
+        self.cancel_messages = 0
+        self.cancelled_calls = 0
+        self.stop_exceptions: list[str] = []
+        self.rpc_cancelled = 0
+        """Generate calls that ended cancelled (by the caller or its deadline)."""
+        self.model_info_calls = 0
+        self.stopped = asyncio.Event()
+        """Set when a generation ended because of Cancel or call cancellation."""
+        self.started = asyncio.Event()
+
+    async def GetModelInfo(
+        self,
+        request: stages_pb2.GetModelInfoRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> stages_pb2.TalkerInfo:
+        self.model_info_calls += 1
+        return self.info
+
+    async def Generate(
+        self,
+        request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[stages_pb2.TalkerServerMessage]:
+        first = await anext(aiter(request_iterator))
+        request = first.request
+        self.requests.append(request)
+
+        def on_done(ctx: grpc.aio.ServicerContext) -> None:
+            # grpc.aio may leave a handler's generator suspended (closed only when garbage
+            # collected) if the cancellation lands while it sends a message; the RPC's done
+            # callback is the reliable signal that the caller cancelled the call.
+            if ctx.cancelled():
+                self.rpc_cancelled += 1
+                self.stopped.set()
+
+        context.add_done_callback(on_done)
+        if request.text == "talker-reject":
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake talker rejects this")
+        cancel = asyncio.Event()
+
+        async def watch() -> None:
+            async for message in request_iterator:
+                if message.WhichOneof("message") == "cancel":
+                    self.cancel_messages += 1
+                    cancel.set()
+                    return
+
+        watcher = asyncio.create_task(watch())
+        n, reason = self.frames, tts_pb2.FINISH_REASON_EOS
+        if request.sampling.HasField("max_new_tokens") and request.sampling.max_new_tokens - 1 < n:
+            n, reason = request.sampling.max_new_tokens - 1, tts_pb2.FINISH_REASON_LENGTH
+        self.started.set()
+        try:
+            for f in range(n):
+                await asyncio.sleep(self.delay)
+                if cancel.is_set():
+                    self.stopped.set()
+                    yield stages_pb2.TalkerServerMessage(
+                        done=stages_pb2.TalkerDone(frames=f, finish_reason=tts_pb2.FINISH_REASON_CANCELLED)
+                    )
+                    return
+                yield stages_pb2.TalkerServerMessage(
+                    chunk=stages_pb2.CodecChunk(
+                        start_frame=f,
+                        codes=stages_pb2.Codes(
+                            num_frames=1, num_codebooks=NUM_CODEBOOKS, values=frame_codes(f)
+                        ),
+                    )
+                )
+            yield stages_pb2.TalkerServerMessage(
+                done=stages_pb2.TalkerDone(frames=n, finish_reason=reason, queue_ms=1.5)
+            )
+        except BaseException as exc:  # CancelledError, or GeneratorExit when grpc closes us
+            self.cancelled_calls += 1
+            self.stop_exceptions.append(type(exc).__name__)
+            self.stopped.set()
+            raise
+        finally:
+            watcher.cancel()
+
+    async def GetStats(
+        self,
+        request: stages_pb2.GetStatsRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> stages_pb2.StageStats:
+        return stages_pb2.StageStats(stage="talker", ready=True)
+
+
+class FakeDecoder(stages_pb2_grpc.DecoderServicer):
+    """Frame f -> :func:`frame_audio`; chunks of first_chunk_frames, doubling up to max."""
+
+    def __init__(self) -> None:
+        self.starts: list[stages_pb2.DecodeStart] = []
+        self.cancelled_calls = 0
+        """Calls that ended without DecodeEnd (cancelled by the client or failed)."""
+        self.chunk_frames: list[int] = []
+        self.hang_at_end = False
+        """Simulate a stuck decoder: never answer after DecodeEnd."""
+
+    async def Decode(
+        self,
+        request_iterator: AsyncIterator[stages_pb2.DecoderClientMessage],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[stages_pb2.DecoderServerMessage]:
+        iterator = aiter(request_iterator)
+        start = (await anext(iterator)).start
+        self.starts.append(start)
+        size = start.first_chunk_frames or 2
+        largest = start.max_chunk_frames or 25
+        pending: list[tuple[int, int]] = []  # (frame index, code0)
+        next_frame = 0
+        out_frame = 0
+
+        def pcm(frames: list[tuple[int, int]]) -> stages_pb2.DecoderServerMessage:
+            audio = np.concatenate([frame_audio(f, c) for f, c in frames])
+            self.chunk_frames.append(len(frames))
+            return stages_pb2.DecoderServerMessage(
+                pcm=stages_pb2.PcmChunk(
+                    samples=audio.astype("<f4").tobytes(),
+                    sample_rate=24000,
+                    start_sample=frames[0][0] * SAMPLES_PER_FRAME,
+                    num_samples=audio.size,
+                    start_frame=frames[0][0],
+                    num_frames=len(frames),
+                )
+            )
+
+        ended = False
+        try:
+            async for message in iterator:
+                kind = message.WhichOneof("message")
+                if kind == "chunk":
+                    codes = message.chunk.codes
+                    for i in range(codes.num_frames):
+                        pending.append((next_frame, codes.values[i * codes.num_codebooks]))
+                        next_frame += 1
+                    while len(pending) >= size:
+                        yield pcm(pending[:size])
+                        out_frame += size
+                        pending = pending[size:]
+                        size = min(size * 2, largest)
+                elif kind == "end":
+                    ended = True
+                    break
+            if not ended:  # the client went away
+                self.cancelled_calls += 1
+                return
+            if self.hang_at_end:
+                await asyncio.Event().wait()
+            if pending:
+                yield pcm(pending)
+            yield stages_pb2.DecoderServerMessage(
+                done=stages_pb2.DecodeDone(frames=next_frame, num_samples=next_frame * SAMPLES_PER_FRAME)
+            )
+        except asyncio.CancelledError:
+            self.cancelled_calls += 1
+            raise
+
+
+class FakeSpeaker(stages_pb2_grpc.SpeakerServicer):
+    """x-vector from the audio digest; 5 reference frames when asked for codes."""
+
+    def __init__(self, dim: int = EMBEDDING_DIM) -> None:
+        self.dim = dim
+        self.requests: list[stages_pb2.ReferenceAudio] = []
+
+    async def EmbedReference(
+        self,
+        request: stages_pb2.ReferenceAudio,
+        context: grpc.aio.ServicerContext,
+    ) -> stages_pb2.ReferenceEmbedding:
+        self.requests.append(request)
+        if request.audio.startswith(b"RIFF") and b"speaker-reject" in request.audio:
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake speaker rejects this")
+        digest = hashlib.sha256(request.audio).digest()
+        result = stages_pb2.ReferenceEmbedding(
+            speaker_embedding=[b / 255.0 for b in digest[: self.dim]],
+            audio_seconds=1.0,
+            audio_sha256=digest.hex(),
+        )
+        if request.want_codes:
+            result.ref_codes.CopyFrom(ref_codes())
+        return result
+
+
+def ref_codes() -> stages_pb2.Codes:
+    return stages_pb2.Codes(
+        num_frames=REF_FRAMES,
+        num_codebooks=NUM_CODEBOOKS,
+        values=[(900 + i) % 2048 for i in range(REF_FRAMES * NUM_CODEBOOKS)],
+    )
+
+
+async def start_fake(add: Any, servicer: Any, port: int = 0) -> tuple[grpc.aio.Server, int]:
+    server = grpc.aio.server()
+    add(servicer, server)
+    bound = server.add_insecure_port(f"127.0.0.1:{port}")
+    await server.start()
+    return server, bound
+
+
+# ---------------------------------------------------------------------------------------------
+# Gateway harness
+
+
+class Harness:
+    """Fake stages + the real gateway (servicer, interceptors) on loopback, plus a client."""
+
+    def __init__(
+        self,
+        model_type: str = "custom_voice",
+        *,
+        speaker: bool = True,
+        talker_target: str | None = None,
+        frames: int = 6,
+        delay: float = 0.005,
+        client_credentials: grpc.ChannelCredentials | None = None,
+        **config: Any,
+    ) -> None:
+        self.client_credentials = client_credentials
+        self.model_type = model_type
+        self.with_speaker = speaker
+        self.talker_target = talker_target
+        self.talker = FakeTalker(model_type, frames, delay)
+        self.decoder = FakeDecoder()
+        self.speaker = FakeSpeaker()
+        self.config_overrides = config
+        self.fake_servers: list[grpc.aio.Server] = []
+
+    async def __aenter__(self) -> Harness:
+        from gateway.config import GatewayConfig
+        from gateway.server import GatewayServicer, build_gateway_server
+        from tts_common.serving import ServerConfig, bound_port
+
+        targets = {}
+        for name, add, fake in (
+            ("talker", stages_pb2_grpc.add_TalkerServicer_to_server, self.talker),
+            ("decoder", stages_pb2_grpc.add_DecoderServicer_to_server, self.decoder),
+            ("speaker", stages_pb2_grpc.add_SpeakerServicer_to_server, self.speaker),
+        ):
+            if name == "talker" and self.talker_target is not None:
+                targets[name] = self.talker_target
+                continue
+            server, port = await start_fake(add, fake)
+            self.fake_servers.append(server)
+            setattr(self, f"{name}_server", server)
+            targets[name] = f"127.0.0.1:{port}"
+        self.config = GatewayConfig(
+            talker_targets=(targets["talker"],),
+            decoder_targets=(targets["decoder"],),
+            speaker_targets=(targets["speaker"],) if self.with_speaker else (),
+            **self.config_overrides,
+        )
+        self.servicer = GatewayServicer.from_config(self.config)
+        self.server, self.health = build_gateway_server(
+            ServerConfig(stage="gateway", host="127.0.0.1", port=0), self.servicer, self.config
+        )
+        await self.server.start()
+        await self.servicer.start()
+        self.health.mark_ready()
+        self.port = bound_port(self.server)
+        if self.client_credentials is None:
+            self.channel = grpc.aio.insecure_channel(f"127.0.0.1:{self.port}")
+        else:
+            self.channel = grpc.aio.secure_channel(f"localhost:{self.port}", self.client_credentials)
+        self.stub = tts_pb2_grpc.TextToSpeechStub(self.channel)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.channel.close()
+        await self.server.stop(0)
+        await self.servicer.close()
+        for server in self.fake_servers:
+            await server.stop(0)
+
+    async def synthesize(
+        self,
+        request: tts_pb2.SynthesizeRequest,
+        *,
+        metadata: Sequence[tuple[str, str]] = (),
+        timeout: float = 10.0,
+    ) -> tuple[tts_pb2.SynthesisMetadata, list[tts_pb2.AudioChunk], tts_pb2.SynthesisSummary]:
+        """The whole stream, checked for order: metadata, audio..., summary."""
+        responses = [r async for r in self.stub.Synthesize(request, metadata=metadata, timeout=timeout)]
+        kinds = [r.WhichOneof("payload") for r in responses]
+        assert kinds[0] == "metadata" and kinds[-1] == "summary", kinds
+        assert set(kinds[1:-1]) <= {"audio"}, kinds
+        return responses[0].metadata, [r.audio for r in responses[1:-1]], responses[-1].summary
+
+
+async def expect_rpc_error(call: Any) -> grpc.aio.AioRpcError:
+    """Drain a streaming call or await a unary one; return the error it must end with."""
+    try:
+        if hasattr(call, "read"):
+            while await call.read() is not grpc.aio.EOF:
+                pass
+        else:
+            await call
+    except grpc.aio.AioRpcError as exc:
+        return exc
+    raise AssertionError("the call succeeded")
+
+
+# ---------------------------------------------------------------------------------------------
+# Script mode: a fake talker in its own process
+
+
+async def _serve_talker(model_type: str, frames: int, delay: float, port: int = 0) -> None:
+    server, port = await start_fake(
+        stages_pb2_grpc.add_TalkerServicer_to_server, FakeTalker(model_type, frames, delay), port
+    )
+    print(port, flush=True)
+    await server.wait_for_termination()
+
+
+if __name__ == "__main__":
+    if len(sys.argv) not in (5, 6) or sys.argv[1] != "talker":
+        raise SystemExit("usage: fake_stages.py talker MODEL_TYPE FRAMES DELAY [PORT]")
+    asyncio.run(
+        _serve_talker(
+            sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) == 6 else 0
+        )
+    )

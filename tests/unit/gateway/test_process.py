@@ -1,0 +1,105 @@
+"""``python -m gateway`` as a process: NOT_SERVING until the talker answers, then SERVING with
+the talker's model; SIGTERM stops it with exit code 0."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
+
+REPO = Path(__file__).resolve().parents[3]
+FAKES = Path(__file__).resolve().parents[2] / "helpers" / "fake_stages.py"
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return int(sock.getsockname()[1])
+
+
+def _wait_for(pattern: str, path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        match = re.search(pattern, path.read_text(errors="replace"))
+        if match:
+            return match.group(1)
+        assert proc.poll() is None, path.read_text()
+        time.sleep(0.05)
+    raise AssertionError(f"{pattern!r} not logged:\n{path.read_text()}")
+
+
+async def _health(port: int) -> int:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        reply = await health_pb2_grpc.HealthStub(channel).Check(
+            health_pb2.HealthCheckRequest(service=""), timeout=2, wait_for_ready=True
+        )
+        return reply.status
+
+
+async def _model_type(port: int) -> str:
+    async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
+        info = await tts_pb2_grpc.TextToSpeechStub(channel).GetModelInfo(
+            tts_pb2.GetModelInfoRequest(), timeout=2
+        )
+        return info.model_type
+
+
+def test_gateway_process_lifecycle(tmp_path: Path) -> None:
+    env = {**os.environ, "PYTHONPATH": str(REPO), "QWEN3TTS_TALKER_TARGETS": ""}
+    talker_port = _free_port()
+    log = tmp_path / "gateway.log"
+    procs: list[subprocess.Popen[bytes]] = []
+    try:
+        with open(log, "wb") as fh:
+            gateway = subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "gateway",
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    "0",
+                    "--talker-targets",
+                    f"127.0.0.1:{talker_port}",
+                    "--decoder-targets",
+                    "127.0.0.1:1",
+                ],
+                cwd=REPO,
+                env=env,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+            )
+        procs.append(gateway)
+        port = int(_wait_for(r"listening on \S+ \(port (\d+)\)", log, gateway, 20))
+        assert asyncio.run(_health(port)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        talker = subprocess.Popen(
+            [sys.executable, str(FAKES), "talker", "base", "3", "0", str(talker_port)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        procs.append(talker)
+        deadline = time.monotonic() + 15
+        while asyncio.run(_health(port)) != health_pb2.HealthCheckResponse.SERVING:
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.1)
+        assert asyncio.run(_model_type(port)) == "base"
+        gateway.send_signal(signal.SIGTERM)
+        assert gateway.wait(10) == 0, log.read_text()
+        assert "talker model: fake-base" in log.read_text()
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait(10)
