@@ -1,13 +1,15 @@
-"""Talker throughput: offline batch-1 path vs the continuous-batching engine at 1..16 requests.
+"""Talker throughput: the offline path (one request) vs the engine at 1..16 concurrent requests.
 
 Builds a talker with random weights at the REAL dimensions of a released checkpoint (default
-0.6B; weights never leave memory) and measures, in one run:
-  * offline: the model core's batch-1 ``generate`` (per-frame time);
+0.6B; weights never leave memory) and measures, in one run, on the one decode loop (the engine):
+  * offline: one request through ``TalkerEngine.generate_all`` (what ``qwen3-tts synthesize`` runs;
+    per-frame time);
   * engine: N concurrent requests (N in --concurrency), aggregate and per-request frames/s;
   * time from a request's arrival to its first frame while N-1 others are running.
 
-Example (the figures in the issue notes):
-    python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 3 --json bench/results/talker_0b6.json
+Example (writes bench/results/talker_0b6.json, the figures quoted in the issue notes):
+    python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 2 --concurrency 1,4,16 \
+        --json bench/results/talker_0b6.json
 (``--linear torch`` measures torch's own linear kernels instead of the pre-packed oneDNN ones.)
 """
 
@@ -23,15 +25,14 @@ from pathlib import Path
 import torch
 
 from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
-from talker_service.model.generate import generate
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
-from talker_service.model.sampling import SamplingParams
 from talker_service.model.talker import Talker
 from tts_common.compute_thread import call_in_fresh_thread
-from tts_common.config import CheckpointConfig, GenerationDefaults, SpeechTokenizerConfig
+from tts_common.config import CheckpointConfig, GenerationConfig, SpeechTokenizerConfig
 from tts_common.onednn_linear import use_onednn_linears
 from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
+from tts_common.synthesis import SamplingParams
 
 
 def build_model(size: str, dtype: torch.dtype, onednn_linears: bool = True) -> TalkerModel:
@@ -46,7 +47,7 @@ def build_model(size: str, dtype: torch.dtype, onednn_linears: bool = True) -> T
         path=Path("."),
         model=cfg,
         speech_tokenizer=SpeechTokenizerConfig.from_dict(speech_tokenizer_config_dict()),
-        generation=GenerationDefaults(),
+        generation=GenerationConfig(),
     )
     return TalkerModel(config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=dtype)  # type: ignore[arg-type]
 
@@ -58,24 +59,27 @@ def random_prompt(model: TalkerModel, prefill_len: int, seed: int) -> TalkerProm
         prefill=torch.randn(prefill_len, h, generator=g, dtype=model.dtype) * 0.02,
         trailing=torch.randn(1, h, generator=g, dtype=model.dtype) * 0.02,
         tts_pad=torch.zeros(h, dtype=model.dtype),
-        mode="custom_voice",
-        input_ids=[0] * 20,
+        text_tokens=12,
     )
 
 
 def bench_offline(model: TalkerModel, frames: int, prefill_len: int) -> dict:
+    """One request through ``TalkerEngine.generate_all``: what ``qwen3-tts synthesize`` runs."""
     prompt = random_prompt(model, prefill_len, 0)
-    generate(model, [prompt], 3, SamplingParams.greedy())  # warm-up
-    t0 = time.perf_counter()
-    out = generate(model, [prompt], frames + 1, SamplingParams.greedy())
-    dt = time.perf_counter() - t0
-    n = out[0].shape[0]
+    config = EngineConfig(max_slots=1, max_seq_len=prefill_len + frames + 8)
+    engine = call_in_fresh_thread(TalkerEngine, model, config)  # allocates the KV cache
+    with engine:
+        engine.generate_all([(prompt, SamplingParams.greedy(), 3)])  # warm-up
+        t0 = time.perf_counter()
+        out = engine.generate_all([(prompt, SamplingParams.greedy(), frames + 1)])
+        dt = time.perf_counter() - t0
+    n = out[0].codes.shape[0]
     return {"frames": n, "seconds": dt, "ms_per_frame": 1000 * dt / n, "frames_per_s": n / dt}
 
 
 def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len: int) -> dict:
     config = EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8)
-    engine = call_in_fresh_thread(TalkerEngine, model.talker, config)  # allocates the KV cache
+    engine = call_in_fresh_thread(TalkerEngine, model, config)  # allocates the KV cache
     engine.start()
     done = threading.Event()
     lock = threading.Lock()
@@ -102,11 +106,11 @@ def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len:
 
     # Warm-up request (allocator, first-call costs).
     warm = threading.Event()
-    engine.submit(
+    engine.add(
         "warm",
         random_prompt(model, prefill_len, 99),
         SamplingParams.greedy(),
-        2,
+        3,
         lambda e: warm.set() if isinstance(e, DoneEvent) else None,
     )
     warm.wait()
@@ -115,16 +119,20 @@ def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len:
     # first frame is the "arrival while N-1 others run" figure.
     for i in range(concurrency - 1):
         arrivals[i] = time.perf_counter()
-        engine.submit(
-            f"r{i}", random_prompt(model, prefill_len, i), SamplingParams.greedy(), frames, sink_for(i)
+        engine.add(
+            f"r{i}", random_prompt(model, prefill_len, i), SamplingParams.greedy(), frames + 1, sink_for(i)
         )
     if concurrency > 1:
         while min(counts[: concurrency - 1]) < 2:
             time.sleep(0.001)
     last = concurrency - 1
     arrivals[last] = time.perf_counter()
-    engine.submit(
-        f"r{last}", random_prompt(model, prefill_len, last), SamplingParams.greedy(), frames, sink_for(last)
+    engine.add(
+        f"r{last}",
+        random_prompt(model, prefill_len, last),
+        SamplingParams.greedy(),
+        frames + 1,
+        sink_for(last),
     )
     done.wait()
     total = time.perf_counter() - t0

@@ -46,7 +46,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     import soundfile as sf
     import torch
 
-    from talker_service.model.sampling import SamplingParams
+    from tts_common.pb.qwen3tts.v1 import tts_pb2
 
     from .offline import OfflineRequest, OfflineSynthesizer, read_requests
 
@@ -57,6 +57,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     else:
         if args.out is None:
             raise ValueError("--text needs --out")
+        if args.ref_text and args.ref_audio is None:
+            raise ValueError("--ref-text needs --ref-audio")
         requests = [
             OfflineRequest(
                 id="out",
@@ -70,18 +72,15 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
                 x_vector_only=args.x_vector_only,
             )
         ]
-    if args.max_new_tokens is not None and args.max_new_tokens < 1:
-        raise ValueError("--max-new-tokens must be >= 1")
-    if args.ref_text and args.ref_audio is None and args.requests is None:
-        raise ValueError("--ref-text needs --ref-audio")
-    synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
+    sampling = tts_pb2.SamplingOptions()
     if args.greedy:
-        params = SamplingParams.from_defaults(
-            synth.talker.config.generation, do_sample=False, subtalker_dosample=False
-        )
-    else:
-        params = SamplingParams.from_defaults(synth.talker.config.generation, seed=args.seed)
-    results = synth.synthesize(requests, params, args.max_new_tokens)
+        sampling.do_sample = sampling.subtalker_do_sample = False
+    if args.seed is not None:
+        sampling.seed = args.seed
+    if args.max_new_tokens is not None:
+        sampling.max_new_tokens = args.max_new_tokens
+    synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
+    results = synth.synthesize(requests, sampling)
     if args.requests is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         for req, res in zip(requests, results):

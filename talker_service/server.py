@@ -16,11 +16,10 @@ import time
 from collections.abc import AsyncIterator
 
 import grpc
-import numpy as np
 import torch
 
 from tts_common import metrics
-from tts_common.codes import codes_from_proto, codes_to_proto
+from tts_common.codes import codes_to_proto
 from tts_common.compute_thread import run_in_fresh_thread
 from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
@@ -31,8 +30,7 @@ from tts_common.stage_main import add_model_arguments, env_default
 
 from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from .model.loader import TalkerModel
-from .model.prompt import SynthesisRequest
-from .model.sampling import SamplingParams
+from .model_info import engine_inputs, talker_info
 
 logger = logging.getLogger(__name__)
 
@@ -45,94 +43,6 @@ FINISH_REASONS = {
 MAX_FRAMES_PER_CHUNK = 64
 
 
-def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
-    """What the loaded checkpoint offers (speakers, languages, instruct, defaults)."""
-    cfg = model.config.model
-    talker = cfg.talker
-    st = model.config.speech_tokenizer
-    gen = model.config.generation
-    speakers = [
-        tts_pb2.PresetSpeaker(
-            name=name, dialect=dialect if isinstance(dialect := talker.spk_is_dialect.get(name), str) else ""
-        )
-        for name in sorted(talker.spk_id)
-    ]
-    languages = ["auto"] + sorted(k for k in talker.codec_language_id if "dialect" not in k)
-    return tts_pb2.ModelInfo(
-        model_type=cfg.tts_model_type or "",
-        model_size=cfg.tts_model_size or "",
-        model_name=model.config.path.name,
-        sample_rate=st.output_sample_rate,
-        frame_rate=st.output_sample_rate / st.decode_upsample_rate,
-        num_codebooks=talker.code_predictor.num_code_groups,
-        speakers=speakers,
-        languages=languages,
-        instruct_supported=cfg.instruct_supported,
-        voice_clone_supported=cfg.tts_model_type == "base",
-        default_sampling=tts_pb2.SamplingOptions(
-            do_sample=gen.do_sample,
-            temperature=gen.temperature,
-            top_k=gen.top_k,
-            top_p=gen.top_p,
-            repetition_penalty=gen.repetition_penalty,
-            subtalker_do_sample=gen.subtalker_dosample,
-            subtalker_temperature=gen.subtalker_temperature,
-            subtalker_top_k=gen.subtalker_top_k,
-            subtalker_top_p=gen.subtalker_top_p,
-            max_new_tokens=gen.max_new_tokens,
-        ),
-        dtype=str(model.dtype).removeprefix("torch."),
-    )
-
-
-def sampling_from_proto(options: tts_pb2.SamplingOptions, model: TalkerModel) -> SamplingParams:
-    """Checkpoint defaults overridden by the fields the client set."""
-    fields = {
-        "do_sample": "do_sample",
-        "temperature": "temperature",
-        "top_k": "top_k",
-        "top_p": "top_p",
-        "repetition_penalty": "repetition_penalty",
-        "subtalker_do_sample": "subtalker_dosample",
-        "subtalker_temperature": "subtalker_temperature",
-        "subtalker_top_k": "subtalker_top_k",
-        "subtalker_top_p": "subtalker_top_p",
-        "seed": "seed",
-    }
-    overrides = {
-        ours: getattr(options, theirs) for theirs, ours in fields.items() if options.HasField(theirs)
-    }
-    try:
-        return SamplingParams.from_defaults(model.config.generation, **overrides)
-    except ValueError as exc:
-        raise InvalidRequestError(f"sampling: {exc}") from exc
-
-
-def synthesis_request_from_proto(msg: stages_pb2.TalkerRequest) -> SynthesisRequest:
-    """The model-level request of a ``TalkerRequest``."""
-    feeding = {
-        tts_pb2.TEXT_FEEDING_DEFAULT: None,
-        tts_pb2.TEXT_FEEDING_NON_STREAMING: True,
-        tts_pb2.TEXT_FEEDING_STREAMING: False,
-    }
-    if msg.text_feeding not in feeding:
-        raise InvalidRequestError(f"unknown text_feeding {msg.text_feeding}")
-    embedding = np.asarray(msg.speaker_embedding, dtype=np.float32) if len(msg.speaker_embedding) else None
-    ref_codes = (
-        codes_from_proto(msg.ref_codes) if msg.HasField("ref_codes") and msg.ref_codes.num_frames else None
-    )
-    return SynthesisRequest(
-        text=msg.text,
-        language=msg.language or "auto",
-        speaker=msg.speaker or None,
-        instruct=msg.instruct or None,
-        non_streaming_text=feeding[msg.text_feeding],
-        speaker_embedding=embedding,
-        ref_codes=ref_codes,
-        ref_text=msg.ref_text or None,
-    )
-
-
 class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     """Owns the loaded model and the engine; one ``Generate`` stream per utterance."""
 
@@ -141,6 +51,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         self.engine_config = engine_config
         self.model: TalkerModel | None = None
         self.engine: TalkerEngine | None = None
+        self.info: stages_pb2.TalkerInfo | None = None
         self.total_requests = 0
 
     async def load(self) -> None:
@@ -149,11 +60,12 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
 
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
             model = TalkerModel.from_checkpoint(self.model_dir, self.engine_config.device, dtype)
-            return model, TalkerEngine(model.talker, self.engine_config)  # allocates the KV cache
+            return model, TalkerEngine(model, self.engine_config)  # allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
         self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
+        self.info = talker_info(self.model, self.engine_config)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(
@@ -180,10 +92,10 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop)
 
-    def _require(self) -> tuple[TalkerModel, TalkerEngine]:
-        if self.model is None or self.engine is None:
+    def _require(self) -> tuple[TalkerModel, TalkerEngine, stages_pb2.TalkerInfo]:
+        if self.model is None or self.engine is None or self.info is None:
             raise UnavailableError("talker model is still loading")
-        return self.model, self.engine
+        return self.model, self.engine, self.info
 
     @handle_rpc_errors(stage="talker")
     async def Generate(
@@ -191,7 +103,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage],
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[stages_pb2.TalkerServerMessage]:
-        model, engine = self._require()
+        model, engine, info = self._require()
         first = await anext(aiter(request_iterator), None)
         if first is None or first.WhichOneof("message") != "request":
             raise FailedPreconditionError("the first Generate message must be a TalkerRequest")
@@ -204,14 +116,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                 raise InvalidRequestError(
                     f"frames_per_chunk must be in [1, {MAX_FRAMES_PER_CHUNK}], got {chunk_frames}"
                 )
-            sampling = sampling_from_proto(msg.sampling, model)
-            max_frames = None
-            if msg.sampling.HasField("max_new_tokens"):
-                if msg.sampling.max_new_tokens < 2:
-                    raise InvalidRequestError("max_new_tokens must be >= 2 (M gives at most M-1 frames)")
-                max_frames = msg.sampling.max_new_tokens - 1
-            prompt = await engine.run(model.build_prompt, synthesis_request_from_proto(msg))
-            events = engine.generate(request_id, prompt, sampling, max_frames)
+            inputs, sampling, max_new_tokens = engine_inputs(msg, info, model)
+            # The prompt is built on the engine thread when the engine admits the request.
+            events = engine.generate(request_id, inputs, sampling, max_new_tokens)
             # Client-side Cancel messages (or the stream closing) cancel the engine request.
             watcher = asyncio.create_task(self._watch_cancel(request_iterator, events))
             pending: list[list[int]] = []
@@ -239,7 +146,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                                 prefill_ms=event.timing.prefill_ms,
                                 first_frame_ms=event.timing.first_frame_ms,
                                 total_ms=(time.monotonic() - t0) * 1000,
-                                prompt_tokens=prompt.prefill_len,
+                                prompt_tokens=event.prompt_len,
                             )
                         )
             finally:
@@ -285,18 +192,8 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     async def GetModelInfo(
         self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> stages_pb2.TalkerInfo:
-        model, _ = self._require()
-        info = model_info(model)
-        # Largest accepted max_new_tokens: a request's prompt and frames share one KV slot.
-        info.max_new_tokens_limit = self.engine_config.max_seq_len
-        return stages_pb2.TalkerInfo(
-            model=info,
-            max_batch_size=self.engine_config.max_slots,
-            max_seq_len=self.engine_config.max_seq_len,
-            speaker_embedding_dim=model.config.model.talker.hidden_size,
-            device=self.engine_config.device,
-            dtype=self.engine_config.dtype,
-        )
+        _, _, info = self._require()
+        return info
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,6 +13,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tts_common.synthesis.sampling import (
+    BUILTIN_MAX_NEW_TOKENS,
+    BUILTIN_SAMPLING,
+    SamplingParams,
+    sampling_from_generation_config,
+)
+
 _T = TypeVar("_T")
 
 
@@ -209,20 +216,19 @@ class Qwen3TTSConfig:
         return False
 
 
-@dataclass
-class GenerationDefaults:
-    """Sampling defaults: ``generation_config.json`` over the official wrapper's hard defaults."""
+@dataclass(frozen=True)
+class GenerationConfig:
+    """``generation_config.json``: the checkpoint's sampling defaults over the built-in ones
+    (``tts_common.synthesis.sampling`` holds the table and the one translation of its keys)."""
 
-    do_sample: bool = True
-    top_k: int = 50
-    top_p: float = 1.0
-    temperature: float = 0.9
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    subtalker_temperature: float = 0.9
-    max_new_tokens: int = 2048
+    sampling: SamplingParams = BUILTIN_SAMPLING
+    max_new_tokens: int = BUILTIN_MAX_NEW_TOKENS
+    """The checkpoint's step budget (offline synthesis default; the server uses a runaway guard)."""
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> GenerationConfig:
+        sampling, max_new_tokens = sampling_from_generation_config(data)
+        return cls(sampling=sampling, max_new_tokens=max_new_tokens)
 
 
 @dataclass
@@ -232,7 +238,7 @@ class CheckpointConfig:
     path: Path
     model: Qwen3TTSConfig
     speech_tokenizer: SpeechTokenizerConfig
-    generation: GenerationDefaults
+    generation: GenerationConfig
 
     @property
     def weights_path(self) -> Path:
@@ -271,5 +277,5 @@ def load_checkpoint_config(path: str | Path) -> CheckpointConfig:
     model = Qwen3TTSConfig.from_dict(raw)
     st = SpeechTokenizerConfig.from_dict(_read_json(root / "speech_tokenizer" / "config.json"))
     gen_path = root / "generation_config.json"
-    gen = _from_dict(GenerationDefaults, _read_json(gen_path)) if gen_path.exists() else GenerationDefaults()
+    gen = GenerationConfig.from_dict(_read_json(gen_path)) if gen_path.exists() else GenerationConfig()
     return CheckpointConfig(path=root, model=model, speech_tokenizer=st, generation=gen)

@@ -1,14 +1,16 @@
 """Continuous-batching talker engine: scheduler loop, static KV slots, whole-step CUDA graphs.
 
 - :mod:`.config` — :class:`EngineConfig` (slots, sequence length, queue bound, buckets, budgets).
-- :mod:`.scheduler` — queue and slot bookkeeping (no tensors).
-- :mod:`.runner` — the slot table and one batched decode step over the model.
+- :mod:`.request` — the engine's request and the events it delivers.
+- :mod:`.scheduler` — queue and slot bookkeeping (``add`` / ``schedule`` / ``update``; no tensors).
+- :mod:`.slot_table` — per-slot decode state between steps.
+- :mod:`.runner` — prefill and one batched decode step over the model.
 - :mod:`.cuda_graphs` — the CUDA-graph replay of that step (CUDA only).
-- :mod:`.engine` — the loop thread and the async ``generate`` API.
+- :mod:`.engine` — the loop thread, the async ``generate`` and the offline ``generate_all``.
 """
 
 from .config import EngineConfig
-from .engine import EngineStats, TalkerEngine
+from .engine import EngineStats, Generation, TalkerEngine
 from .request import DoneEvent, EngineEvent, FinishReason, FrameEvent
 
 __all__ = [
@@ -18,5 +20,6 @@ __all__ = [
     "EngineStats",
     "FinishReason",
     "FrameEvent",
+    "Generation",
     "TalkerEngine",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tts_common.synthesis import RUNAWAY_GUARD, RunawayGuard
+
 
 @dataclass
 class EngineConfig:
@@ -22,12 +24,14 @@ class EngineConfig:
     newcomers never stall running streams for much more than one step."""
     use_cuda_graphs: bool = True
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
-    default_budget_base_frames: int = 125
-    """Runaway guard: default frame budget = base + per_token * text tokens (capped by max_seq_len)."""
-    default_budget_frames_per_token: int = 10
-    """About 0.8 s of audio per text token, far above natural speech (0.2-0.4 s)."""
+    runaway_guard: RunawayGuard = RUNAWAY_GUARD
+    """Frame budget of requests that leave max_new_tokens unset (capped to what fits a slot)."""
     device: str = "cpu"
     dtype: str = "float32"
+
+    def frames_that_fit(self, prompt_len: int) -> int:
+        """Frames a slot holds after a prompt of ``prompt_len`` positions (one kept spare)."""
+        return self.max_seq_len - prompt_len - 1
 
     def bucket_for(self, batch: int) -> int:
         """Smallest configured bucket that holds ``batch`` rows (``batch`` itself past the last)."""
@@ -35,7 +39,3 @@ class EngineConfig:
             if bucket >= batch:
                 return bucket
         return batch
-
-    def default_frame_budget(self, num_text_tokens: int) -> int:
-        """Frames a request may produce when it does not set max_new_tokens."""
-        return self.default_budget_base_frames + self.default_budget_frames_per_token * num_text_tokens

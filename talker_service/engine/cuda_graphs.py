@@ -21,47 +21,41 @@ and documented but could not be run on this project's CPU-only machines (see the
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 
 from ..model.step import DecodeState, StepOutput, decode_step
+from ..model.talker import KVCache, Talker
 from .config import EngineConfig
-
-if TYPE_CHECKING:
-    from .request import EngineRequest
-    from .runner import TalkerRunner
+from .slot_table import scatter_state
 
 
 class _BucketGraph:
     """Static buffers and the captured graph of one batch bucket."""
 
-    def __init__(self, runner: TalkerRunner, batch: int) -> None:
-        from .runner import scatter_state  # noqa: F401  (documented dependency)
-
+    def __init__(
+        self, talker: Talker, cache: KVCache, table: DecodeState, config: EngineConfig, batch: int
+    ) -> None:
         self.batch = batch
-        dev, dtype = runner.device, runner.dtype
-        cfg = runner.talker.cfg
-        self.scratch_slot = runner.config.max_slots  # the extra slot allocated for padding rows
+        param = next(talker.parameters())
+        dev, dtype = param.device, param.dtype
+        cfg = talker.cfg
+        cp = cfg.code_predictor
+        self.scratch_slot = config.max_slots  # the extra slot allocated for padding rows
         self.index = torch.full((batch,), self.scratch_slot, dtype=torch.int64, device=dev)
         self.trailing = torch.zeros(batch, cfg.hidden_size, dtype=dtype, device=dev)
         self.talker_noise = torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device=dev)
-        self.cp_noise = torch.zeros(batch, runner.cp_steps, runner.cp_vocab, dtype=torch.float32, device=dev)
-        self.state: DecodeState = runner.table.rows(self.index)
+        self.cp_noise = torch.zeros(
+            batch, cp.num_code_groups - 1, cp.vocab_size, dtype=torch.float32, device=dev
+        )
+        self.state: DecodeState = table.rows(self.index)
         self.state.slots = self.index
         self.graph = torch.cuda.CUDAGraph()
         self.out: StepOutput | None = None
-        attend_len = runner.config.max_seq_len
+        attend_len = config.max_seq_len
 
         def run() -> StepOutput:
             return decode_step(
-                runner.talker,
-                runner.cache,
-                self.state,
-                self.trailing,
-                attend_len,
-                self.talker_noise,
-                self.cp_noise,
+                talker, cache, self.state, self.trailing, attend_len, self.talker_noise, self.cp_noise
             )
 
         # Warm up on a side stream (allocator + lazy init), then capture.
@@ -78,14 +72,13 @@ class _BucketGraph:
 class CudaGraphStep:
     """Replays the captured decode step for the smallest bucket holding the active rows."""
 
-    def __init__(self, runner: TalkerRunner, config: EngineConfig) -> None:
-        self.runner = runner
-        self.config = config
+    def __init__(self, talker: Talker, cache: KVCache, table: DecodeState, config: EngineConfig) -> None:
+        self.talker, self.cache, self.table, self.config = talker, cache, table, config
         self._graphs: dict[int, _BucketGraph] = {}
 
     def _graph(self, bucket: int) -> _BucketGraph:
         if bucket not in self._graphs:
-            self._graphs[bucket] = _BucketGraph(self.runner, bucket)
+            self._graphs[bucket] = _BucketGraph(self.talker, self.cache, self.table, self.config, bucket)
         return self._graphs[bucket]
 
     def step(
@@ -94,15 +87,13 @@ class CudaGraphStep:
         trailing: torch.Tensor,
         talker_noise: torch.Tensor | None,
         cp_noise: torch.Tensor | None,
-        requests: list[EngineRequest],
     ) -> StepOutput:
-        from .runner import scatter_state
-
+        """One decode step for the rows of slots ``index`` (same contract as the eager step)."""
         n = index.shape[0]
         g = self._graph(self.config.bucket_for(n))
         g.index.fill_(g.scratch_slot)
         g.index[:n] = index
-        scatter_state(g.state, torch.arange(g.batch, device=index.device), self.runner.table.rows(g.index))
+        scatter_state(g.state, torch.arange(g.batch, device=index.device), self.table.rows(g.index))
         g.trailing.zero_()
         g.trailing[:n] = trailing
         g.talker_noise.zero_()
@@ -112,7 +103,7 @@ class CudaGraphStep:
         if cp_noise is not None:
             g.cp_noise[:n] = cp_noise
         g.graph.replay()
-        scatter_state(self.runner.table, index, g.state.rows(torch.arange(n, device=index.device)))
+        scatter_state(self.table, index, g.state.rows(torch.arange(n, device=index.device)))
         assert g.out is not None
         return StepOutput(
             frame_codes=g.out.frame_codes[:n].clone(),

@@ -1,45 +1,43 @@
 """The talker engine: a scheduler loop on its own thread that owns the model and the device.
 
-Callers (the gRPC servicer, tests, benchmarks) submit prepared prompts and read frames from an
-async iterator as the loop produces them. One loop iteration: drop cancelled requests, admit
-waiting ones into free slots and prefill them (bounded work), run ONE decode step over every
-running request that has its input, deliver the completed frames, retire finished requests.
+It is the only decode loop of the project: the gRPC servicer, the offline command
+(``qwen3-tts synthesize``) and the benchmarks all submit requests to it, as vLLM's offline ``LLM``
+runs on the same engine as its server. Callers :meth:`~TalkerEngine.add` requests (prompt inputs,
+sampling, budget, an event sink) from any thread; each enters the loop thread once. One loop
+iteration reads as the scheduler's calls:
+
+1. new requests: build the prompt, set the frame budget, ``scheduler.add`` (a request that can
+   never fit, or whose prompt cannot be built, ends at once with its error);
+2. ``scheduler.schedule()``: drop cancelled requests, admit waiting ones into free slots and
+   prefill them, list the running ones that decode;
+3. ONE decode step over those (talker + code predictor + sampling), frames delivered as events;
+4. ``scheduler.update()``: retire the requests that hit EOS or their frame budget.
 """
 
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextvars
-import functools
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
 
+import numpy as np
 import torch
 
 from tts_common.compute_thread import adopt_torch_threads
-from tts_common.errors import UnavailableError
+from tts_common.errors import CapacityError, UnavailableError
+from tts_common.synthesis import SamplingParams, frame_budget
 
-from ..model.prompt import TalkerPrompt
-from ..model.sampling import SamplingParams
-from ..model.talker import Talker
+from ..model.loader import TalkerModel
+from ..model.prompt import PromptInputs, TalkerPrompt
 from .config import EngineConfig
-from .request import DoneEvent, EngineEvent, EngineRequest, FinishReason, FrameEvent
+from .request import DoneEvent, EngineEvent, EngineRequest, EventSink, FinishReason, FrameEvent
 from .runner import TalkerRunner
 from .scheduler import Scheduler
 
 logger = logging.getLogger(__name__)
-
-T = TypeVar("T")
-
-
-def num_text_tokens(prompt: TalkerPrompt) -> int:
-    """Text tokens of the utterance: the synthesis ids less the chat template's 3 + 5."""
-    return max(len(prompt.input_ids) - 8, 1)
 
 
 @dataclass
@@ -53,22 +51,31 @@ class EngineStats:
     last_batch_size: int
 
 
-class TalkerEngine:
-    """Continuous batching over static KV slots (see the package docstring)."""
+@dataclass
+class Generation:
+    """The outcome of one request run to completion (offline use)."""
 
-    def __init__(self, talker: Talker, config: EngineConfig) -> None:
+    codes: np.ndarray
+    """[frames, num_code_groups] int64 codec codes (the EOS frame excluded)."""
+    finish_reason: FinishReason
+
+
+class TalkerEngine:
+    """Continuous batching over static KV slots (see the module docstring)."""
+
+    def __init__(self, model: TalkerModel, config: EngineConfig) -> None:
+        self.model = model
         self.config = config
-        self.runner = TalkerRunner(talker, config)
+        self.runner = TalkerRunner(model.talker, config)
         self.scheduler = Scheduler(config)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._inbox: list[EngineRequest] = []
-        self._calls: list[tuple[Callable[[], Any], concurrent.futures.Future]] = []
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
         self.last_batch_size = 0
-        self.on_step: list = []
+        self.on_step: list[Callable[[int, float], None]] = []
         """Callbacks ``f(batch_size, seconds)`` after each decode step (metrics)."""
 
     # --- lifecycle ------------------------------------------------------------------------------
@@ -86,6 +93,13 @@ class TalkerEngine:
             self._thread.join(timeout)
             self._thread = None
 
+    def __enter__(self) -> TalkerEngine:
+        self.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def stats(self) -> EngineStats:
         with self._lock:
             waiting = self.scheduler.num_waiting + len(self._inbox)
@@ -93,37 +107,35 @@ class TalkerEngine:
         return EngineStats(running, waiting, self.config.max_slots, self.steps, self.last_batch_size)
 
     # --- submission -----------------------------------------------------------------------------
-    def submit(
+    def add(
         self,
         request_id: str,
-        prompt: TalkerPrompt,
+        source: PromptInputs | TalkerPrompt,
         sampling: SamplingParams,
-        max_frames: int | None,
-        sink: Callable[[EngineEvent], None],
+        max_new_tokens: int | None,
+        sink: EventSink,
+        *,
         text_complete: bool = True,
     ) -> EngineRequest:
-        """Queue a request whose events go to ``sink`` (thread-safe callable).
+        """Queue a request whose events go to ``sink`` (thread-safe callable): FrameEvents, then
+        one DoneEvent (its ``error`` set if the request was refused on admission: a prompt that
+        cannot be built, or a budget that can never fit a slot).
 
-        ``max_frames`` None = the runaway guard's default budget. Raises CapacityError when the
-        queue is full or the request cannot fit in a slot.
+        ``max_new_tokens`` None = the runaway guard. Raises CapacityError at once when the queue
+        is full, UnavailableError when the engine is stopping.
         """
-        if max_frames is None:
-            max_frames = min(
-                self.config.default_frame_budget(num_text_tokens(prompt)),
-                self.config.max_seq_len - prompt.prefill_len - 1,
-            )
         request = EngineRequest(
             request_id=request_id,
-            prompt=prompt,
+            source=source,
             sampling=sampling,
-            max_frames=max_frames,
+            max_new_tokens=max_new_tokens,
             sink=sink,
             text_complete=text_complete,
         )
         with self._lock:
             if self._stopping:
                 raise UnavailableError("talker engine is shutting down")
-            self.scheduler.check_admissible(request, also_pending=len(self._inbox))
+            self.scheduler.check_queue(pending=len(self._inbox))
             self._inbox.append(request)
             self._wakeup.notify_all()
         return request
@@ -131,11 +143,11 @@ class TalkerEngine:
     async def generate(
         self,
         request_id: str,
-        prompt: TalkerPrompt,
+        source: PromptInputs | TalkerPrompt,
         sampling: SamplingParams,
-        max_frames: int | None = None,
+        max_new_tokens: int | None = None,
     ) -> AsyncIterator[EngineEvent]:
-        """Submit and yield :class:`FrameEvent`s then one :class:`DoneEvent`.
+        """:meth:`add` and yield its :class:`FrameEvent`s then one :class:`DoneEvent`.
 
         Closing the iterator early (client gone, task cancelled) cancels the request; its slot is
         freed at the next step.
@@ -146,7 +158,7 @@ class TalkerEngine:
         def sink(event: EngineEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        request = self.submit(request_id, prompt, sampling, max_frames, sink)
+        request = self.add(request_id, source, sampling, max_new_tokens, sink)
         try:
             while True:
                 event = await queue.get()
@@ -156,24 +168,44 @@ class TalkerEngine:
         finally:
             self.cancel(request)
 
-    def call(self, fn: Callable[..., T], *args: Any) -> concurrent.futures.Future[T]:
-        """Run ``fn(*args)`` on the loop thread between two iterations (thread-safe).
+    def generate_all(
+        self, requests: Sequence[tuple[PromptInputs | TalkerPrompt, SamplingParams, int | None]]
+    ) -> list[Generation]:
+        """Run ``(source, sampling, max_new_tokens)`` requests to completion from a synchronous
+        caller (offline synthesis, benchmarks): all are queued (as room allows) and batched as
+        slots allow. Raises the first failed request's error."""
+        groups = self.model.config.model.talker.code_predictor.num_code_groups
+        frames: list[list[list[int]]] = [[] for _ in requests]
+        done: list[DoneEvent | None] = [None] * len(requests)
+        finished = threading.Semaphore(0)
 
-        For the process's other torch work (e.g. building prompts): one thread for all compute
-        keeps OpenMP from parking its workers between kernels (:mod:`tts_common.compute_thread`).
-        """
-        future: concurrent.futures.Future[T] = concurrent.futures.Future()
-        work = functools.partial(contextvars.copy_context().run, fn, *args)
-        with self._lock:
-            if self._stopping:
-                raise UnavailableError("talker engine is shutting down")
-            self._calls.append((work, future))
-            self._wakeup.notify_all()
-        return future
+        def sink_for(i: int) -> EventSink:
+            def sink(event: EngineEvent) -> None:
+                if isinstance(event, FrameEvent):
+                    frames[i].append(event.codes)
+                else:
+                    done[i] = event
+                    finished.release()
 
-    async def run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Await :meth:`call`."""
-        return await asyncio.wrap_future(self.call(fn, *args))
+            return sink
+
+        for i, (source, sampling, max_new_tokens) in enumerate(requests):
+            while True:  # more requests than the waiting queue holds: wait for room
+                try:
+                    self.add(f"offline-{i}", source, sampling, max_new_tokens, sink_for(i))
+                    break
+                except CapacityError:
+                    time.sleep(0.01)
+        for _ in requests:
+            finished.acquire()
+        out = []
+        for codes, event in zip(frames, done):
+            assert event is not None
+            if event.error is not None:
+                raise event.error
+            array = np.asarray(codes, dtype=np.int64).reshape(len(codes), groups)
+            out.append(Generation(codes=array, finish_reason=event.reason))
+        return out
 
     def cancel(self, request: EngineRequest) -> None:
         """Ask the loop to drop ``request`` (no-op once finished)."""
@@ -188,80 +220,76 @@ class TalkerEngine:
         adopt_torch_threads()
         while True:
             with self._lock:
-                while (
-                    not self._stopping
-                    and not self._inbox
-                    and not self._calls
-                    and not self.scheduler.decodable()
-                    and not any(r.cancelled.is_set() for r in self.scheduler.running.values())
-                    and not any(r.cancelled.is_set() for r in self.scheduler.waiting)
-                ):
+                while not self._stopping and not self._inbox and not self.scheduler.has_work():
                     self._wakeup.wait(timeout=0.5)
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, []
-                calls, self._calls = self._calls, []
-            for work, future in calls:
-                if future.set_running_or_notify_cancel():
-                    try:
-                        future.set_result(work())
-                    except BaseException as exc:  # noqa: BLE001 - delivered to the caller
-                        future.set_exception(exc)
-            for request in inbox:
-                self.scheduler.waiting.append(request)
             try:
+                for request in inbox:
+                    self._admit(request)
                 self._iteration()
-            except Exception as exc:  # a bug or device error: fail running requests, keep serving
+            except Exception as exc:  # a bug or device error: fail the requests held, keep serving
                 logger.exception("talker engine step failed")
-                for request in list(self.scheduler.running.values()):
-                    self.scheduler.release(request)
+                for request in self.scheduler.requests:
+                    self.scheduler.remove(request)
                     request.finish(FinishReason.ERROR, exc)
         with self._lock:
-            leftovers = list(self.scheduler.waiting) + list(self.scheduler.running.values()) + self._inbox
+            leftovers = self.scheduler.requests + self._inbox
             self._inbox = []
-            calls, self._calls = self._calls, []
-        for _, future in calls:
-            if future.set_running_or_notify_cancel():
-                future.set_exception(UnavailableError("talker engine is shutting down"))
         for request in leftovers:
-            self.scheduler.release(request)
+            self.scheduler.remove(request)
             request.finish(FinishReason.CANCELLED)
 
-    def _iteration(self) -> None:
-        for request in self.scheduler.drop_cancelled():
+    def _admit(self, request: EngineRequest) -> None:
+        """Build the prompt and frame budget of a new request and queue it (errors end it)."""
+        if request.cancelled.is_set():
             request.finish(FinishReason.CANCELLED)
-        for request in self.scheduler.admit():
+            return
+        try:
+            source = request.source
+            request.prompt = source if isinstance(source, TalkerPrompt) else self.model.build_prompt(source)
+            request.max_frames = frame_budget(
+                request.max_new_tokens,
+                text_tokens=request.prompt.text_tokens,
+                room=self.config.frames_that_fit(request.prompt_len),
+                guard=self.config.runaway_guard,
+            )
+            self.scheduler.add(request)
+        except Exception as exc:  # noqa: BLE001 - delivered to the caller as the request's error
+            request.finish(FinishReason.ERROR, exc)
+
+    def _iteration(self) -> None:
+        out = self.scheduler.schedule()
+        for request in out.aborted:
+            request.finish(FinishReason.CANCELLED)
+        for request in out.prefill:
             request.timing.prefill_start = time.monotonic()
             try:
                 self.runner.prefill(request)
             except Exception as exc:
                 logger.exception("prefill failed for %s", request.request_id)
-                self.scheduler.release(request)
+                self.scheduler.remove(request)
                 request.finish(FinishReason.ERROR, exc)
                 continue
             request.timing.prefill_end = time.monotonic()
-        batch = self.scheduler.decodable()
+        batch = [r for r in out.decode if not r.finished]
         if not batch:
             return
         t0 = time.monotonic()
-        out = self.runner.step(batch)
-        frames = out.frame_codes.cpu().tolist()
-        eos = out.is_eos.cpu().tolist()
+        step = self.runner.step(batch)
+        frames = step.frame_codes.cpu().tolist()
+        eos = step.is_eos.cpu().tolist()
         now = time.monotonic()
         self.steps += 1
         self.last_batch_size = len(batch)
         for callback in self.on_step:
             callback(len(batch), now - t0)
-        for request, codes, is_eos in zip(batch, frames, eos):
+        for request, codes in zip(batch, frames):
             if request.cancelled.is_set():
-                continue  # dropped at the next iteration, within one step
+                continue  # dropped at the next schedule(), within one step
             if request.timing.first_frame is None:
                 request.timing.first_frame = now
             request.sink(FrameEvent(index=request.frames_emitted, codes=codes))
-            request.frames_emitted += 1
-            if is_eos:
-                self.scheduler.release(request)
-                request.finish(FinishReason.EOS)
-            elif request.frames_emitted >= request.max_frames:
-                self.scheduler.release(request)
-                request.finish(FinishReason.LENGTH)
+        for request, reason in self.scheduler.update(batch, eos):
+            request.finish(reason)

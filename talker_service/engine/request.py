@@ -8,8 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from ..model.prompt import TalkerPrompt
-from ..model.sampling import RequestNoise, SamplingParams
+from tts_common.synthesis import SamplingParams
+
+from ..model.prompt import PromptInputs, TalkerPrompt
+from ..model.sampling import RequestNoise
 
 
 class FinishReason(enum.Enum):
@@ -31,7 +33,8 @@ class RequestTiming:
     first_frame: float | None = None
     finished: float | None = None
 
-    def ms(self, start: float | None, end: float | None) -> float:
+    @staticmethod
+    def ms(start: float | None, end: float | None) -> float:
         return 0.0 if start is None or end is None else (end - start) * 1000.0
 
     @property
@@ -63,24 +66,33 @@ class DoneEvent:
     reason: FinishReason
     frames: int
     timing: RequestTiming
+    prompt_len: int = 0
+    """Prefill length in positions (0 if the prompt was never built)."""
     error: BaseException | None = None
 
 
 EngineEvent = FrameEvent | DoneEvent
+EventSink = Callable[[EngineEvent], None]
+"""Called from the engine thread with each event; must be thread-safe and non-blocking."""
 
 
 @dataclass(eq=False)
 class EngineRequest:
-    """Mutable per-request state owned by the engine thread."""
+    """One generation and its mutable state, owned by the engine thread once added."""
 
     request_id: str
-    prompt: TalkerPrompt
+    source: PromptInputs | TalkerPrompt
+    """What to speak: prompt inputs (the prompt is built when the engine admits the request) or a
+    ready-made prompt (benchmarks)."""
     sampling: SamplingParams
-    max_frames: int
-    """Frames this request may produce at most (official max_new_tokens M gives M-1)."""
-    sink: Callable[[EngineEvent], None]
-    """Called from the engine thread with each event; must be thread-safe and non-blocking."""
+    max_new_tokens: int | None
+    """The client's budget (M steps give at most M-1 frames), or None for the runaway guard."""
+    sink: EventSink
     timing: RequestTiming = field(default_factory=RequestTiming)
+    prompt: TalkerPrompt | None = None
+    """Built on admission."""
+    max_frames: int = 0
+    """Frames this request may produce (``tts_common.synthesis.frame_budget``), set on admission."""
     slot: int | None = None
     frames_emitted: int = 0
     noise: RequestNoise | None = None
@@ -92,20 +104,26 @@ class EngineRequest:
 
     @property
     def prompt_len(self) -> int:
-        return int(self.prompt.prefill.shape[0])
-
-    @property
-    def trailing_len(self) -> int:
-        return int(self.prompt.trailing.shape[0])
+        return 0 if self.prompt is None else self.prompt.prefill_len
 
     @property
     def waiting_for_text(self) -> bool:
         """Its next decode step needs a trailing text row that has not arrived yet."""
-        return not self.text_complete and self.frames_emitted >= self.trailing_len
+        assert self.prompt is not None
+        return not self.text_complete and self.frames_emitted >= self.prompt.trailing.shape[0]
 
     def finish(self, reason: FinishReason, error: BaseException | None = None) -> None:
+        """Deliver the final event (once)."""
         if self.finished:
             return
         self.finished = True
         self.timing.finished = time.monotonic()
-        self.sink(DoneEvent(reason=reason, frames=self.frames_emitted, timing=self.timing, error=error))
+        self.sink(
+            DoneEvent(
+                reason=reason,
+                frames=self.frames_emitted,
+                timing=self.timing,
+                prompt_len=self.prompt_len,
+                error=error,
+            )
+        )

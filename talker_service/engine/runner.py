@@ -14,41 +14,14 @@ static ``attend_len``.
 
 from __future__ import annotations
 
-from dataclasses import fields
-
 import torch
 
-from ..model.sampling import RequestNoise, SamplingParams, SamplingTensors, step_noise
-from ..model.step import DecodeState, StepOutput, decode_step, prefill
+from ..model.sampling import RequestNoise, SamplingTensors, step_noise
+from ..model.step import StepOutput, decode_step, prefill
 from ..model.talker import KVCache, Talker
 from .config import EngineConfig
 from .request import EngineRequest
-
-
-def _allocate_table(talker: Talker, num_slots: int, device: torch.device, dtype: torch.dtype) -> DecodeState:
-    """A zeroed slot table (every field [num_slots, ...])."""
-    params = SamplingTensors.stack([SamplingParams.greedy()] * num_slots, device)
-    return DecodeState(
-        slots=torch.arange(num_slots, device=device),
-        positions=torch.zeros(num_slots, dtype=torch.int64, device=device),
-        last_code0=torch.zeros(num_slots, dtype=torch.int64, device=device),
-        past_hidden=torch.zeros(num_slots, talker.cfg.hidden_size, dtype=dtype, device=device),
-        presence=torch.zeros(num_slots, talker.cfg.vocab_size, dtype=torch.bool, device=device),
-        num_generated=torch.zeros(num_slots, dtype=torch.int64, device=device),
-        params=params,
-    )
-
-
-def scatter_state(table: DecodeState, index: torch.Tensor, rows: DecodeState) -> None:
-    """``table[index] = rows`` for every field (slots excluded: the table's are fixed)."""
-    for f in fields(DecodeState):
-        if f.name == "slots":
-            continue
-        if f.name == "params":
-            for g in fields(SamplingTensors):
-                getattr(table.params, g.name)[index] = getattr(rows.params, g.name)
-        else:
-            getattr(table, f.name)[index] = getattr(rows, f.name)
+from .slot_table import allocate_table, scatter_state
 
 
 class TalkerRunner:
@@ -63,15 +36,15 @@ class TalkerRunner:
         # CUDA graphs pad batches to a bucket: padding rows write into one extra scratch slot.
         num_slots = config.max_slots + (1 if use_graphs else 0)
         self.cache = KVCache.allocate(talker.cfg, num_slots, config.max_seq_len, self.device, self.dtype)
-        self.table = _allocate_table(talker, num_slots, self.device, self.dtype)
+        self.table = allocate_table(talker, num_slots, self.device, self.dtype)
         cp = talker.cfg.code_predictor
-        self.cp_steps = talker.cfg.code_predictor.num_code_groups - 1
+        self.cp_steps = cp.num_code_groups - 1
         self.cp_vocab = cp.vocab_size
         self._graphs = None
         if use_graphs:
-            from .cuda_graphs import CudaGraphStep
+            from .cuda_graphs import CudaGraphStep  # CUDA only
 
-            self._graphs = CudaGraphStep(self, config)
+            self._graphs = CudaGraphStep(talker, self.cache, self.table, config)
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -80,7 +53,7 @@ class TalkerRunner:
 
     def prefill(self, request: EngineRequest) -> None:
         """Write the request's prompt into its slot and choose code0 of frame 0."""
-        assert request.slot is not None
+        assert request.slot is not None and request.prompt is not None
         request.noise = RequestNoise(
             request.sampling, self.talker.cfg.vocab_size, self.cp_vocab, self.cp_steps, self.device
         )
@@ -92,7 +65,7 @@ class TalkerRunner:
 
     def _trailing_rows(self, requests: list[EngineRequest]) -> torch.Tensor:
         """[B, H]: each row's next trailing text embedding, or tts_pad once exhausted."""
-        rows = [r.prompt.trailing_row(r.frames_emitted) for r in requests]
+        rows = [r.prompt.trailing_row(r.frames_emitted) for r in requests]  # type: ignore[union-attr]
         return torch.stack(rows).to(self.device, self.dtype)
 
     def step(self, requests: list[EngineRequest]) -> StepOutput:
@@ -103,7 +76,7 @@ class TalkerRunner:
         assert all(n is not None for n in noises), "noise streams are created at prefill"
         talker_noise, cp_noise = step_noise(noises)  # type: ignore[arg-type]
         if self._graphs is not None:
-            return self._graphs.step(index, trailing, talker_noise, cp_noise, requests)
+            return self._graphs.step(index, trailing, talker_noise, cp_noise)
         rows = self.table.rows(index)
         slots = [r.slot for r in requests]
         # Rows in slots 0..B-1 (the common case, see Scheduler) read the cache through views;

@@ -1,21 +1,43 @@
-"""Slot and queue bookkeeping of the talker engine (no tensors: easy to reason about and test).
+"""Slot and queue bookkeeping of the talker engine, in the shape of vLLM v1's scheduler (no
+tensors: easy to reason about and to test).
 
-Requests wait in a bounded FIFO queue, join free slots between decode steps (bounded prefill work
-per iteration so running streams are not stalled), and leave on EOS, budget, error or
-cancellation. The engine loop calls, once per iteration: :meth:`drop_cancelled`, :meth:`admit`
-(then prefills what it returns), :meth:`decodable` (then runs one decode step for those), and
-:meth:`release` for every request that finished.
+The engine loop calls, once per iteration:
+
+* :meth:`Scheduler.add` for each request that arrived (its prompt already built): refused with
+  CapacityError if it can never fit a slot;
+* :meth:`Scheduler.schedule` -> :class:`SchedulerOutput`: the cancelled requests it dropped, the
+  requests it admitted into free slots (to prefill now, within a bounded prefill budget so running
+  streams are not stalled) and the running requests that decode this step (the new ones included);
+* :meth:`Scheduler.update` with the step's EOS flags -> the requests that finished (EOS or frame
+  budget), their slots freed.
+
+Requests wait in a bounded FIFO queue and take the lowest free slot, so running requests tend to
+occupy slots 0..B-1 and the step can read the cache through views instead of gathering by slot.
 """
 
 from __future__ import annotations
 
 import heapq
 from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 
 from tts_common.errors import CapacityError
 
 from .config import EngineConfig
-from .request import EngineRequest
+from .request import EngineRequest, FinishReason
+
+
+@dataclass
+class SchedulerOutput:
+    """What one engine iteration does."""
+
+    aborted: list[EngineRequest] = field(default_factory=list)
+    """Cancelled requests removed from the queue or their slot."""
+    prefill: list[EngineRequest] = field(default_factory=list)
+    """Requests given a slot now: prefill them before the decode step."""
+    decode: list[EngineRequest] = field(default_factory=list)
+    """Requests that take this decode step (slot order; the newly prefilled ones included)."""
 
 
 class Scheduler:
@@ -23,75 +45,110 @@ class Scheduler:
 
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
-        self.waiting: deque[EngineRequest] = deque()
-        self.running: dict[int, EngineRequest] = {}
-        # A min-heap: the lowest free slot is taken first, so running requests tend to occupy
-        # slots 0..B-1 and the step can use cache views instead of gathering by slot index.
-        self._free_slots: list[int] = list(range(config.max_slots))
+        self._waiting: deque[EngineRequest] = deque()
+        self._running: dict[int, EngineRequest] = {}
+        self._free_slots: list[int] = list(range(config.max_slots))  # a min-heap
 
     @property
     def num_running(self) -> int:
-        return len(self.running)
+        return len(self._running)
 
     @property
     def num_waiting(self) -> int:
-        return len(self.waiting)
+        return len(self._waiting)
 
-    def check_admissible(self, request: EngineRequest, also_pending: int = 0) -> None:
-        """Raise CapacityError if ``request`` can never fit a slot or the queue is full.
+    @property
+    def requests(self) -> list[EngineRequest]:
+        """Every request the scheduler holds (waiting, then running)."""
+        return [*self._waiting, *self._running.values()]
 
-        ``also_pending``: requests accepted but not yet moved into the queue.
-        """
-        needed = request.prompt_len + request.max_frames + 1
-        if needed > self.config.max_seq_len:
-            raise CapacityError(
-                f"request needs {needed} KV positions (prompt {request.prompt_len} + frame budget "
-                f"{request.max_frames} + 1) but slots hold {self.config.max_seq_len}; shorten the text "
-                f"or lower max_new_tokens"
-            )
-        if len(self.waiting) + also_pending >= self.config.max_waiting:
+    def check_queue(self, pending: int = 0) -> None:
+        """CapacityError if the waiting queue (plus ``pending`` requests on their way into it)
+        is full."""
+        if len(self._waiting) + pending >= self.config.max_waiting:
             raise CapacityError(
                 f"talker queue is full ({self.config.max_waiting} waiting, {self.num_running} running)"
             )
 
     def add(self, request: EngineRequest) -> None:
-        """Queue a request; raises CapacityError when the waiting queue is full or it can never fit."""
-        self.check_admissible(request)
-        self.waiting.append(request)
+        """Queue a request whose prompt and frame budget are set; CapacityError if it can never
+        fit a slot (the queue bound is checked on submission, :meth:`check_queue`)."""
+        room = self.config.frames_that_fit(request.prompt_len)
+        if room < 1:
+            raise CapacityError(
+                f"the prompt ({request.prompt_len} positions) leaves no room for audio in a "
+                f"{self.config.max_seq_len}-position slot; shorten the text"
+            )
+        if request.max_frames > room:
+            needed = (
+                self.config.max_seq_len - self.config.frames_that_fit(request.prompt_len) + request.max_frames
+            )
+            raise CapacityError(
+                f"request needs {needed} KV positions (prompt {request.prompt_len} + frame budget "
+                f"{request.max_frames} + 1) but slots hold {self.config.max_seq_len}; shorten the text "
+                "or lower max_new_tokens"
+            )
+        self._waiting.append(request)
 
-    def drop_cancelled(self) -> list[EngineRequest]:
-        """Remove cancelled requests from the queue and the slots; returns them."""
-        dropped = [r for r in self.waiting if r.cancelled.is_set()]
-        if dropped:
-            self.waiting = deque(r for r in self.waiting if not r.cancelled.is_set())
-        for request in list(self.running.values()):
+    def schedule(self) -> SchedulerOutput:
+        """Drop cancelled requests, admit waiting ones into free slots within the prefill budget,
+        and list the running requests that can take a decode step."""
+        out = SchedulerOutput()
+        if any(r.cancelled.is_set() for r in self._waiting):
+            out.aborted = [r for r in self._waiting if r.cancelled.is_set()]
+            self._waiting = deque(r for r in self._waiting if not r.cancelled.is_set())
+        for request in list(self._running.values()):
             if request.cancelled.is_set():
-                self.release(request)
-                dropped.append(request)
-        return dropped
-
-    def admit(self) -> list[EngineRequest]:
-        """Move waiting requests into free slots within this iteration's prefill budget."""
-        admitted: list[EngineRequest] = []
+                self._release(request)
+                out.aborted.append(request)
         budget = self.config.max_prefill_tokens_per_step
-        while self.waiting and self._free_slots:
-            request = self.waiting[0]
-            if admitted and request.prompt_len > budget:
+        while self._waiting and self._free_slots:
+            request = self._waiting[0]
+            if out.prefill and request.prompt_len > budget:
                 break
-            self.waiting.popleft()
+            self._waiting.popleft()
             request.slot = heapq.heappop(self._free_slots)
-            self.running[request.slot] = request
-            admitted.append(request)
+            self._running[request.slot] = request
+            out.prefill.append(request)
             budget -= request.prompt_len
-        return admitted
+        out.decode = [r for _, r in sorted(self._running.items()) if not r.waiting_for_text]
+        return out
 
-    def decodable(self) -> list[EngineRequest]:
-        """Running requests that can take a decode step now (slot order)."""
-        return [r for _, r in sorted(self.running.items()) if not r.waiting_for_text and not r.finished]
+    def has_work(self) -> bool:
+        """Whether :meth:`schedule` would do anything now (the loop sleeps otherwise)."""
+        if any(r.cancelled.is_set() for r in self.requests):
+            return True
+        if self._waiting and self._free_slots:
+            return True
+        return any(not r.waiting_for_text for r in self._running.values())
 
-    def release(self, request: EngineRequest) -> None:
-        """Free the request's slot (idempotent)."""
-        if request.slot is not None and self.running.get(request.slot) is request:
-            del self.running[request.slot]
+    def update(
+        self, decoded: Sequence[EngineRequest], eos: Sequence[bool]
+    ) -> list[tuple[EngineRequest, FinishReason]]:
+        """Account one decode step: each request in ``decoded`` produced one frame, ``eos[i]``
+        telling whether it was the last. Returns the finished requests (slots freed) and why.
+        Requests cancelled during the step are left for the next :meth:`schedule`."""
+        finished: list[tuple[EngineRequest, FinishReason]] = []
+        for request, is_eos in zip(decoded, eos):
+            if request.cancelled.is_set() or request.finished:
+                continue
+            request.frames_emitted += 1
+            if is_eos:
+                finished.append((request, FinishReason.EOS))
+            elif request.frames_emitted >= request.max_frames:
+                finished.append((request, FinishReason.LENGTH))
+        for request, _ in finished:
+            self._release(request)
+        return finished
+
+    def remove(self, request: EngineRequest) -> None:
+        """Take ``request`` out (its prefill failed, or the engine stops); idempotent."""
+        if request in self._waiting:
+            self._waiting.remove(request)
+        self._release(request)
+
+    def _release(self, request: EngineRequest) -> None:
+        if request.slot is not None and self._running.get(request.slot) is request:
+            del self._running[request.slot]
             heapq.heappush(self._free_slots, request.slot)
         request.slot = None

@@ -1,32 +1,26 @@
-"""Talker stage model code: tokenizer, talker + code predictor, prompts, sampling, generation."""
+"""Talker stage model code: tokenizer, talker + code predictor, prompts, sampling, one decode step
+(the decode loop is the engine's, :mod:`talker_service.engine`)."""
 
-from .generate import FrameEvent, generate, iter_frames
 from .loader import TalkerModel
-from .prompt import InvalidRequestError, SynthesisRequest, TalkerPrompt, build_prompt, validate_request
-from .sampling import RequestNoise, SamplingParams, SamplingTensors
+from .prompt import PromptInputs, TalkerPrompt, build_prompt
+from .sampling import RequestNoise, SamplingTensors
 from .step import DecodeState, StepOutput, decode_step, predict_residual_codes, prefill
 from .talker import KVCache, Talker
 from .tokenizer import TextTokenizer
 
 __all__ = [
     "DecodeState",
-    "FrameEvent",
-    "InvalidRequestError",
     "KVCache",
+    "PromptInputs",
     "RequestNoise",
-    "SamplingParams",
     "SamplingTensors",
     "StepOutput",
-    "SynthesisRequest",
     "Talker",
     "TalkerModel",
     "TalkerPrompt",
     "TextTokenizer",
     "build_prompt",
     "decode_step",
-    "generate",
-    "iter_frames",
     "predict_residual_codes",
     "prefill",
-    "validate_request",
 ]

@@ -11,7 +11,7 @@ from tts_common.config import CheckpointConfig, load_checkpoint_config
 from tts_common.onednn_linear import use_onednn_linears
 from tts_common.weights import load_module_weights
 
-from .prompt import SynthesisRequest, TalkerPrompt, build_prompt
+from .prompt import PromptInputs, TalkerPrompt, build_prompt
 from .talker import KVCache, Talker
 from .tokenizer import TextTokenizer
 
@@ -53,8 +53,8 @@ class TalkerModel:
             use_onednn_linears(talker)
         return cls(config=cfg, tokenizer=tokenizer, talker=talker, device=torch.device(device), dtype=dtype)
 
-    def build_prompt(self, request: SynthesisRequest) -> TalkerPrompt:
-        """Validate and build the talker inputs of ``request`` (InvalidRequestError on bad input)."""
+    def build_prompt(self, request: PromptInputs) -> TalkerPrompt:
+        """The talker prompt of ``request`` (validated by the caller)."""
         return build_prompt(self.talker, self.tokenizer, self.config.model, request)
 
     def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:

@@ -24,82 +24,36 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from tts_common.synthesis import SamplingParams
+
 NEG_INF = float("-inf")
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """Per-request decoding parameters (defaults = official wrapper hard defaults)."""
-
-    do_sample: bool = True
-    temperature: float = 0.9
-    top_k: int = 50
-    top_p: float = 1.0
-    repetition_penalty: float = 1.05
-    subtalker_dosample: bool = True
-    subtalker_temperature: float = 0.9
-    subtalker_top_k: int = 50
-    subtalker_top_p: float = 1.0
-    seed: int | None = None
-    """Seed of the request's noise generator (sampling only); None = nondeterministic."""
-
-    def __post_init__(self) -> None:
-        for name in ("temperature", "subtalker_temperature"):
-            if not getattr(self, name) > 0:
-                raise ValueError(f"{name} must be > 0, got {getattr(self, name)}")
-        for name in ("top_p", "subtalker_top_p"):
-            if not 0 < getattr(self, name) <= 1:
-                raise ValueError(f"{name} must be in (0, 1], got {getattr(self, name)}")
-        for name in ("top_k", "subtalker_top_k"):
-            if getattr(self, name) < 0:
-                raise ValueError(f"{name} must be >= 0 (0 = disabled), got {getattr(self, name)}")
-        if not self.repetition_penalty > 0:
-            raise ValueError(f"repetition_penalty must be > 0, got {self.repetition_penalty}")
-
-    @classmethod
-    def greedy(cls, repetition_penalty: float = 1.05) -> SamplingParams:
-        """Greedy talker and code predictor (the fixtures' setting)."""
-        return cls(do_sample=False, subtalker_dosample=False, repetition_penalty=repetition_penalty)
-
-    @classmethod
-    def from_defaults(cls, defaults: object, **overrides: object) -> SamplingParams:
-        """From ``tts_common.config.GenerationDefaults`` (same field names), explicit args win."""
-        names = {f.name for f in fields(cls)}
-        kwargs = {n: getattr(defaults, n) for n in names if hasattr(defaults, n)}
-        kwargs.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(**kwargs)  # type: ignore[arg-type]
 
 
 @dataclass
 class SamplingTensors:
-    """Batched :class:`SamplingParams`, one entry per row (device tensors, shape [B])."""
+    """Batched :class:`~tts_common.synthesis.SamplingParams` (same field names, the seed
+    excepted), one entry per row (device tensors, shape [B])."""
 
     do_sample: torch.Tensor
     temperature: torch.Tensor
     top_k: torch.Tensor
     top_p: torch.Tensor
     repetition_penalty: torch.Tensor
-    sub_do_sample: torch.Tensor
-    sub_temperature: torch.Tensor
-    sub_top_k: torch.Tensor
-    sub_top_p: torch.Tensor
+    subtalker_do_sample: torch.Tensor
+    subtalker_temperature: torch.Tensor
+    subtalker_top_k: torch.Tensor
+    subtalker_top_p: torch.Tensor
 
     @classmethod
-    def stack(cls, params: list[SamplingParams], device: torch.device | str) -> SamplingTensors:
-        def t(vals: list, dtype: torch.dtype) -> torch.Tensor:
-            return torch.tensor(vals, dtype=dtype, device=device)
-
-        return cls(
-            do_sample=t([p.do_sample for p in params], torch.bool),
-            temperature=t([p.temperature for p in params], torch.float32),
-            top_k=t([p.top_k for p in params], torch.int64),
-            top_p=t([p.top_p for p in params], torch.float32),
-            repetition_penalty=t([p.repetition_penalty for p in params], torch.float32),
-            sub_do_sample=t([p.subtalker_dosample for p in params], torch.bool),
-            sub_temperature=t([p.subtalker_temperature for p in params], torch.float32),
-            sub_top_k=t([p.subtalker_top_k for p in params], torch.int64),
-            sub_top_p=t([p.subtalker_top_p for p in params], torch.float32),
-        )
+    def stack(cls, params: Sequence[SamplingParams], device: torch.device | str) -> SamplingTensors:
+        """One row per element of ``params``."""
+        dtypes = {bool: torch.bool, int: torch.int64, float: torch.float32}
+        columns = {}
+        for f in fields(cls):
+            values = [getattr(p, f.name) for p in params]
+            kind = type(getattr(SamplingParams(), f.name))
+            columns[f.name] = torch.tensor(values, dtype=dtypes[kind], device=device)
+        return cls(**columns)
 
     def rows(self, index: torch.Tensor | slice) -> SamplingTensors:
         """A subset of rows (e.g. dropping finished requests)."""
@@ -216,7 +170,7 @@ class RequestNoise:
 
     def code_predictor(self) -> torch.Tensor:
         """[cp_steps, cp_vocab] noise for one frame's codes 1.. (zeros when greedy)."""
-        if not self.params.subtalker_dosample:
+        if not self.params.subtalker_do_sample:
             return torch.zeros(self.cp_steps, self.cp_vocab, device=self.device)
         return self._gumbel(self.cp_steps, self.cp_vocab)
 
@@ -226,7 +180,7 @@ def step_noise(noises: Sequence[RequestNoise]) -> tuple[torch.Tensor | None, tor
     [B, G-1, V_cp] or None). Each request draws in its own order (code predictor, then talker);
     a stage is None when no row samples there (a static choice for the step function)."""
     any_talker = any(n.params.do_sample for n in noises)
-    any_cp = any(n.params.subtalker_dosample for n in noises)
+    any_cp = any(n.params.subtalker_do_sample for n in noises)
     if not (any_talker or any_cp):
         return None, None
     cp_rows, talker_rows = zip(*(n.step() for n in noises))

@@ -196,10 +196,10 @@ def predict_residual_codes(
         codes.append(
             choose_tokens(
                 logits,
-                sp.sub_do_sample,
-                sp.sub_temperature,
-                sp.sub_top_k,
-                sp.sub_top_p,
+                sp.subtalker_do_sample,
+                sp.subtalker_temperature,
+                sp.subtalker_top_k,
+                sp.subtalker_top_p,
                 None if noise is None else noise[:, step],
             )
         )

@@ -21,6 +21,12 @@ QWEN2_SPLIT_REGEX = (
 )
 
 
+ROLE_TOKENS = 3
+"""Tokens of ``<|im_start|>assistant\\n`` in front of the text in :meth:`TextTokenizer.synthesis_ids`."""
+TAIL_TOKENS = 5
+"""Tokens of ``<|im_end|>\\n<|im_start|>assistant\\n`` behind the text."""
+
+
 class TokenizerError(ValueError):
     """The checkpoint's tokenizer files are missing or inconsistent."""
 
@@ -124,7 +130,8 @@ class TextTokenizer:
 
     # Chat-template wrappers used by the official prompt builder (ARCHITECTURE.md §4).
     def synthesis_ids(self, text: str) -> list[int]:
-        """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``."""
+        """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``: the text's tokens
+        with :data:`ROLE_TOKENS` in front and :data:`TAIL_TOKENS` behind."""
         return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
 
     def instruct_ids(self, instruct: str) -> list[int]:

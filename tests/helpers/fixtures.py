@@ -24,15 +24,19 @@ def fixture_case(name: str, line: dict) -> tuple[Path, int]:
     return REFERENCE_DIR / name / codes.parent, index
 
 
-def fixture_synthesis_request(name: str, line: dict):
-    """A ``talker_service.model.prompt.SynthesisRequest`` for a fixture request line.
+def fixture_prompt_inputs(name: str, line: dict):
+    """The ``talker_service.model.prompt.PromptInputs`` of a fixture request line (text feeding
+    resolved with the official per-type default).
 
     Voice-clone inputs (x-vector, reference codes) come from the official outputs stored in the
     case folder, so talker tests do not depend on the speaker stage.
     """
     import numpy as np
 
-    from talker_service.model.prompt import SynthesisRequest
+    from talker_service.model.prompt import PromptInputs
+    from tts_common.config import load_checkpoint_config
+    from tts_common.pb.qwen3tts.v1 import tts_pb2
+    from tts_common.synthesis.validation import default_text_feeding
 
     case, i = fixture_case(name, line)
     spk = ref = None
@@ -40,12 +44,17 @@ def fixture_synthesis_request(name: str, line: dict):
         spk = np.load(case / f"spk_emb_{i}.npy")
         if not line.get("x_vector_only"):
             ref = np.load(case / f"ref_code_{i}.npy")
-    return SynthesisRequest(
+    non_streaming = line.get("non_streaming_text")
+    if non_streaming is None:
+        model_type = load_checkpoint_config(CKPT_DIR / name).model.tts_model_type or ""
+        non_streaming = default_text_feeding(model_type) == tts_pb2.TEXT_FEEDING_NON_STREAMING
+    speaker = line.get("speaker")
+    return PromptInputs(
         text=line["text"],
-        language=line.get("language", "auto"),
-        speaker=line.get("speaker"),
+        non_streaming_text=non_streaming,
+        language=line.get("language", "auto").lower(),
+        speaker=speaker.lower() if speaker else None,
         instruct=line.get("instruct"),
-        non_streaming_text=line.get("non_streaming_text"),
         speaker_embedding=spk,
         ref_codes=ref,
         ref_text=None if line.get("x_vector_only") else line.get("ref_text"),

@@ -1,4 +1,6 @@
-"""The continuous-batching talker engine: batch == alone, staggered arrivals, seeds, cancellation."""
+"""The continuous-batching talker engine: batch == alone, staggered arrivals, seeds, cancellation,
+admission (prompt built once, on the engine thread; refusals delivered as the request's error),
+and the scheduler's add / schedule / update contract."""
 
 from __future__ import annotations
 
@@ -11,17 +13,19 @@ import pytest
 import torch
 
 from talker_service.engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from talker_service.engine.request import EngineRequest
 from talker_service.engine.scheduler import Scheduler
 from talker_service.model.loader import TalkerModel
-from talker_service.model.sampling import SamplingParams
+from talker_service.model.prompt import PromptInputs
 from tests.helpers.fixtures import (
     CHECKPOINT_NAMES,
     CKPT_DIR,
     fixture_case,
-    fixture_synthesis_request,
+    fixture_prompt_inputs,
     load_requests,
 )
-from tts_common.errors import CapacityError, UnavailableError
+from tts_common.errors import CapacityError, InvalidRequestError, UnavailableError
+from tts_common.synthesis import RunawayGuard, SamplingParams
 
 MAX_NEW_TOKENS = 80  # the fixtures' setting: at most 79 frames
 
@@ -48,38 +52,36 @@ class Collector:
             self.event.set()
 
 
-def _run_staggered(
-    engine: TalkerEngine, prompts, sampling, stagger_frames: int = 3, max_frames: int = MAX_NEW_TOKENS - 1
-):
-    """Submit prompts one after another, each once the previous has produced a few frames."""
+def _run_staggered(engine, sources, sampling, stagger_frames: int = 3, max_new_tokens: int = MAX_NEW_TOKENS):
+    """Add requests one after another, each once the previous has produced a few frames."""
     sinks = []
-    for prompt, params in zip(prompts, sampling):
+    for source, params in zip(sources, sampling):
         if sinks:
             prev = sinks[-1]
             deadline = time.monotonic() + 60
             while len(prev.frames) < stagger_frames and prev.done is None and time.monotonic() < deadline:
                 time.sleep(0.001)
         sink = Collector()
-        engine.submit(f"r{len(sinks)}", prompt, params, max_frames, sink)
+        engine.add(f"r{len(sinks)}", source, params, max_new_tokens, sink)
         sinks.append(sink)
     for sink in sinks:
         assert sink.event.wait(120), "request did not finish"
     return sinks
 
 
+def _first_inputs(name: str = "tiny_voice_design") -> PromptInputs:
+    return fixture_prompt_inputs(name, load_requests(name)[0])
+
+
 @pytest.mark.parametrize("name", CHECKPOINT_NAMES)
 def test_batched_staggered_greedy_matches_reference(models, name):
     model = models[name]
     lines = load_requests(name)
-    prompts = [model.build_prompt(fixture_synthesis_request(name, line)) for line in lines]
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=len(lines), max_seq_len=256))
-    engine.start()
-    try:
-        sinks = _run_staggered(engine, prompts, [SamplingParams.greedy()] * len(prompts))
+    sources = [fixture_prompt_inputs(name, line) for line in lines]
+    with TalkerEngine(model, EngineConfig(max_slots=len(lines), max_seq_len=256)) as engine:
+        sinks = _run_staggered(engine, sources, [SamplingParams.greedy()] * len(sources))
         assert engine.stats().running == 0
-        assert max(engine.stats().last_batch_size, 0) >= 1
-    finally:
-        engine.stop()
+        assert engine.stats().last_batch_size >= 1
     for line, sink in zip(lines, sinks):
         case, i = fixture_case(name, line)
         expected = np.load(case / f"codes_{i}.npy")
@@ -91,39 +93,28 @@ def test_batched_staggered_greedy_matches_reference(models, name):
 def test_seeded_sampling_alone_equals_batched(models):
     name = "tiny_custom_voice_1b7"
     model = models[name]
-    lines = load_requests(name)[:4]
-    prompts = [model.build_prompt(fixture_synthesis_request(name, line)) for line in lines]
+    sources = [fixture_prompt_inputs(name, line) for line in load_requests(name)[:4]]
     params = [
-        SamplingParams(seed=100 + i, temperature=0.9, top_k=50, top_p=0.95) for i in range(len(prompts))
+        SamplingParams(seed=100 + i, temperature=0.9, top_k=50, top_p=0.95) for i in range(len(sources))
     ]
-    # Mix in a greedy request: sampled and greedy rows share the batch.
-    params[1] = SamplingParams.greedy()
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=4, max_seq_len=256))
-    engine.start()
-    try:
+    params[1] = SamplingParams.greedy()  # sampled and greedy rows share the batch
+    with TalkerEngine(model, EngineConfig(max_slots=4, max_seq_len=256)) as engine:
         alone = []
-        for prompt, p in zip(prompts, params):
+        for source, p in zip(sources, params):
             sink = Collector()
-            engine.submit("alone", prompt, p, 30, sink)
+            engine.add("alone", source, p, 31, sink)
             assert sink.event.wait(60)
             alone.append(sink.frames)
-        batched = _run_staggered(engine, prompts, params, stagger_frames=2, max_frames=30)
-    finally:
-        engine.stop()
+        batched = _run_staggered(engine, sources, params, stagger_frames=2, max_new_tokens=31)
     for a, b in zip(alone, batched):
-        assert a == b.frames
+        assert len(a) == 30 and a == b.frames
     assert alone[0] != alone[2] or alone[0] != alone[3]  # different seeds differ
 
 
 def test_cancellation_frees_slot_within_one_step(models):
-    model = models["tiny_voice_design"]
-    line = load_requests("tiny_voice_design")[0]
-    prompt = model.build_prompt(fixture_synthesis_request("tiny_voice_design", line))
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=2, max_seq_len=512))
-    engine.start()
-    try:
+    with TalkerEngine(models["tiny_voice_design"], EngineConfig(max_slots=2, max_seq_len=512)) as engine:
         sink = Collector()
-        request = engine.submit("c", prompt, SamplingParams(seed=1), 400, sink)
+        request = engine.add("c", _first_inputs(), SamplingParams(seed=1), 401, sink)
         while len(sink.frames) < 3:
             time.sleep(0.001)
         steps_at_cancel = engine.steps
@@ -133,20 +124,14 @@ def test_cancellation_frees_slot_within_one_step(models):
         assert engine.steps - steps_at_cancel <= 1
         assert len(sink.frames) <= 3 + 1
         assert engine.stats().running == 0
-    finally:
-        engine.stop()
 
 
 def test_async_generate_closing_iterator_cancels(models):
-    model = models["tiny_voice_design"]
-    line = load_requests("tiny_voice_design")[0]
-    prompt = model.build_prompt(fixture_synthesis_request("tiny_voice_design", line))
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=2, max_seq_len=512))
-    engine.start()
+    engine = TalkerEngine(models["tiny_voice_design"], EngineConfig(max_slots=2, max_seq_len=512))
 
     async def consume() -> int:
         n = 0
-        agen = engine.generate("a", prompt, SamplingParams(seed=3), 400)
+        agen = engine.generate("a", _first_inputs(), SamplingParams(seed=3), 401)
         async for event in agen:
             assert isinstance(event, FrameEvent)
             n += 1
@@ -155,130 +140,142 @@ def test_async_generate_closing_iterator_cancels(models):
         await agen.aclose()
         return n
 
-    try:
+    with engine:
         assert asyncio.run(consume()) == 2
         deadline = time.monotonic() + 5
         while engine.stats().running and time.monotonic() < deadline:
             time.sleep(0.005)
         assert engine.stats().running == 0
-    finally:
-        engine.stop()
 
 
-def test_capacity_errors(models):
+def test_admission_refusals_are_the_requests_errors(models):
+    """A full queue is refused at once; a prompt that cannot be built or a budget that cannot fit
+    a slot ends the request with its error (before any frame)."""
     model = models["tiny_voice_design"]
-    line = load_requests("tiny_voice_design")[0]
-    prompt = model.build_prompt(fixture_synthesis_request("tiny_voice_design", line))
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=1, max_waiting=1, max_seq_len=64))
-    # Not started: nothing is consumed, so the queue fills.
-    with pytest.raises(CapacityError, match="KV positions"):
-        engine.submit("big", prompt, SamplingParams.greedy(), 1000, Collector())
-    engine.submit("a", prompt, SamplingParams.greedy(), 10, Collector())
+    engine = TalkerEngine(model, EngineConfig(max_slots=1, max_waiting=1, max_seq_len=64))
+    engine.add("a", _first_inputs(), SamplingParams.greedy(), 10, Collector())  # not started: stays queued
     with pytest.raises(CapacityError, match="queue is full"):
-        engine.submit("b", prompt, SamplingParams.greedy(), 10, Collector())
+        engine.add("b", _first_inputs(), SamplingParams.greedy(), 10, Collector())
+    engine.stop()
+    with TalkerEngine(model, EngineConfig(max_slots=1, max_seq_len=64)) as engine:
+        big, empty = Collector(), Collector()
+        engine.add("big", _first_inputs(), SamplingParams.greedy(), 1000, big)
+        engine.add(
+            "empty", PromptInputs(text="", non_streaming_text=True), SamplingParams.greedy(), 10, empty
+        )
+        assert big.event.wait(30) and empty.event.wait(30)
+    assert big.frames == [] and big.done.reason is FinishReason.ERROR
+    assert isinstance(big.done.error, CapacityError) and "KV positions" in str(big.done.error)
+    assert empty.frames == [] and isinstance(empty.done.error, InvalidRequestError)
+    with pytest.raises(UnavailableError):
+        engine.add("late", _first_inputs(), SamplingParams.greedy(), 10, Collector())
 
 
 def test_default_budget_is_runaway_guard(models):
-    model = models["tiny_voice_design"]
-    line = load_requests("tiny_voice_design")[0]
-    prompt = model.build_prompt(fixture_synthesis_request("tiny_voice_design", line))
     cfg = EngineConfig(
-        max_slots=1, max_seq_len=512, default_budget_base_frames=3, default_budget_frames_per_token=0
+        max_slots=1, max_seq_len=512, runaway_guard=RunawayGuard(base_frames=3, frames_per_text_token=0)
     )
-    engine = TalkerEngine(model.talker, cfg)
-    engine.start()
-    try:
+    with TalkerEngine(models["tiny_voice_design"], cfg) as engine:
         sink = Collector()
-        engine.submit("g", prompt, SamplingParams(seed=0), None, sink)
+        engine.add("g", _first_inputs(), SamplingParams(seed=0), None, sink)
         assert sink.event.wait(30)
-        assert len(sink.frames) <= 3
-    finally:
-        engine.stop()
+    assert len(sink.frames) <= 3
 
 
-def test_scheduler_bounds_prefill_work_per_iteration():
-    from talker_service.engine.request import EngineRequest
+def test_prompts_are_built_once_on_the_engine_thread(models, monkeypatch):
+    model = models["tiny_voice_design"]
+    built_on: list[threading.Thread] = []
+    original = TalkerModel.build_prompt
 
-    class P:  # minimal prompt stand-in
-        def __init__(self, n):
-            self.prefill = torch.zeros(n, 4)
-            self.trailing = torch.zeros(1, 4)
+    def recording(self, request):
+        built_on.append(threading.current_thread())
+        return original(self, request)
 
-    cfg = EngineConfig(max_slots=8, max_prefill_tokens_per_step=100, max_seq_len=1000)
-    sched = Scheduler(cfg)
-    reqs = [EngineRequest(f"r{i}", P(60), SamplingParams.greedy(), 10, lambda e: None) for i in range(4)]
+    monkeypatch.setattr(TalkerModel, "build_prompt", recording)
+    with TalkerEngine(model, EngineConfig(max_slots=2, max_seq_len=256)) as engine:
+        sinks = _run_staggered(engine, [_first_inputs()] * 2, [SamplingParams(seed=1)] * 2, max_new_tokens=6)
+        loop_thread = engine._thread
+    assert built_on == [loop_thread, loop_thread]
+    assert all(s.done.prompt_len > 0 for s in sinks)
+
+
+class _Prompt:  # the parts of a TalkerPrompt the scheduler reads
+    def __init__(self, prefill_len: int, trailing_len: int = 1) -> None:
+        self.prefill = torch.zeros(prefill_len, 4)
+        self.trailing = torch.zeros(trailing_len, 4)
+
+    @property
+    def prefill_len(self) -> int:
+        return self.prefill.shape[0]
+
+
+def _request(rid: str, prefill_len: int, max_frames: int = 10, trailing_len: int = 1, **kw) -> EngineRequest:
+    prompt = _Prompt(prefill_len, trailing_len)
+    request = EngineRequest(rid, prompt, SamplingParams.greedy(), None, lambda e: None, **kw)  # type: ignore[arg-type]
+    request.prompt, request.max_frames = prompt, max_frames  # type: ignore[assignment]
+    return request
+
+
+def test_scheduler_bounds_prefill_work_per_step_and_drops_cancelled():
+    sched = Scheduler(EngineConfig(max_slots=8, max_prefill_tokens_per_step=100, max_seq_len=1000))
+    reqs = [_request(f"r{i}", 60) for i in range(4)]
     for r in reqs:
         sched.add(r)
-    assert [r.request_id for r in sched.admit()] == ["r0"]  # 60 + 60 > 100
-    assert [r.request_id for r in sched.admit()] == ["r1"]
+    assert [r.request_id for r in sched.schedule().prefill] == ["r0"]  # 60 + 60 > 100
+    out = sched.schedule()
+    assert [r.request_id for r in out.prefill] == ["r1"]
+    assert [r.request_id for r in out.decode] == ["r0", "r1"]  # the newcomer decodes in its first step
     reqs[2].cancelled.set()
-    assert sched.drop_cancelled() == [reqs[2]]
-    assert [r.request_id for r in sched.admit()] == ["r3"]
+    out = sched.schedule()
+    assert out.aborted == [reqs[2]] and [r.request_id for r in out.prefill] == ["r3"]
     assert sched.num_running == 3 and sched.num_waiting == 0
+    assert [r.slot for r in (reqs[0], reqs[1], reqs[3])] == [0, 1, 2]  # lowest free slot first
+
+
+def test_scheduler_update_retires_on_eos_and_budget_and_frees_the_slot():
+    sched = Scheduler(EngineConfig(max_slots=2, max_seq_len=100))
+    short, long = _request("short", 5, max_frames=2), _request("long", 5, max_frames=50)
+    sched.add(short)
+    sched.add(long)
+    out = sched.schedule()
+    assert sched.update(out.decode, [False, False]) == []
+    assert sched.update(out.decode, [False, False]) == [(short, FinishReason.LENGTH)]
+    assert short.frames_emitted == 2 and short.slot is None and sched.num_running == 1
+    assert sched.update(sched.schedule().decode, [True]) == [(long, FinishReason.EOS)]
+    assert sched.num_running == 0
+
+
+def test_scheduler_refuses_what_can_never_fit():
+    sched = Scheduler(EngineConfig(max_slots=1, max_seq_len=64))
+    with pytest.raises(CapacityError, match="needs 75 KV positions"):
+        sched.add(_request("big", 10, max_frames=64))
+    with pytest.raises(CapacityError, match="leaves no room"):
+        sched.add(_request("long prompt", 63, max_frames=1))
+    sched.add(_request("fits", 10, max_frames=53))
 
 
 def test_waiting_for_text_does_not_hold_back_others():
-    from talker_service.engine.request import EngineRequest
-
-    class P:
-        def __init__(self, t):
-            self.prefill = torch.zeros(5, 4)
-            self.trailing = torch.zeros(t, 4)
-
     sched = Scheduler(EngineConfig(max_slots=4))
-    streaming = EngineRequest("s", P(2), SamplingParams.greedy(), 10, lambda e: None, text_complete=False)
-    other = EngineRequest("o", P(1), SamplingParams.greedy(), 10, lambda e: None)
+    streaming = _request("s", 5, trailing_len=2, text_complete=False)
+    other = _request("o", 5)
     sched.add(streaming)
     sched.add(other)
-    sched.admit()
+    sched.schedule()
     streaming.frames_emitted = 2  # consumed both trailing rows, more text not yet arrived
-    assert sched.decodable() == [other]
+    assert sched.schedule().decode == [other]
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 @pytest.mark.cuda
-def test_cuda_graph_step_matches_eager(models):
+def test_cuda_graph_step_matches_eager():
     name = "tiny_custom_voice"
     lines = load_requests(name)
     outputs = {}
     for graphs in (False, True):
         model = TalkerModel.from_checkpoint(CKPT_DIR / name, device="cuda")
-        prompts = [model.build_prompt(fixture_synthesis_request(name, line)) for line in lines]
-        engine = TalkerEngine(
-            model.talker, EngineConfig(max_slots=8, max_seq_len=256, use_cuda_graphs=graphs, device="cuda")
-        )
-        engine.start()
-        try:
-            outputs[graphs] = [
-                s.frames for s in _run_staggered(engine, prompts, [SamplingParams.greedy()] * len(prompts))
-            ]
-        finally:
-            engine.stop()
+        sources = [fixture_prompt_inputs(name, line) for line in lines]
+        config = EngineConfig(max_slots=8, max_seq_len=256, use_cuda_graphs=graphs, device="cuda")
+        with TalkerEngine(model, config) as engine:
+            sinks = _run_staggered(engine, sources, [SamplingParams.greedy()] * len(sources))
+        outputs[graphs] = [s.frames for s in sinks]
     assert outputs[True] == outputs[False]
-
-
-def test_call_runs_on_the_loop_thread_between_steps(models):
-    """Other torch work of the process (prompt building) runs on the engine's own thread."""
-    model = models["tiny_voice_design"]
-    line = load_requests("tiny_voice_design")[0]
-    request = fixture_synthesis_request("tiny_voice_design", line)
-    engine = TalkerEngine(model.talker, EngineConfig(max_slots=2, max_seq_len=512))
-    engine.start()
-    try:
-        sink = Collector()
-        engine.submit("busy", model.build_prompt(request), SamplingParams(seed=1), 30, sink)
-        assert engine.call(threading.current_thread).result(30) is engine._thread
-        prompt = engine.call(model.build_prompt, request).result(30)
-        torch.testing.assert_close(prompt.prefill, model.build_prompt(request).prefill, rtol=0, atol=0)
-        with pytest.raises(ZeroDivisionError):
-            engine.call(lambda: 1 / 0).result(30)
-
-        async def awaited() -> int:
-            return await engine.run(len, [1, 2, 3])
-
-        assert asyncio.run(awaited()) == 3
-        assert sink.event.wait(60) and sink.done.reason is FinishReason.LENGTH
-    finally:
-        engine.stop()
-    with pytest.raises(UnavailableError):
-        engine.call(len, [])

@@ -13,18 +13,15 @@ import pytest
 import torch
 from safetensors import safe_open
 
+from talker_service.engine import EngineConfig
 from talker_service.model import (
     DecodeState,
-    InvalidRequestError,
-    SamplingParams,
+    PromptInputs,
     SamplingTensors,
-    SynthesisRequest,
     Talker,
     TalkerModel,
     decode_step,
-    generate,
     prefill,
-    validate_request,
 )
 from talker_service.model.sampling import (
     apply_talker_penalties,
@@ -32,7 +29,14 @@ from talker_service.model.sampling import (
     suppress_mask,
     warp_for_sampling,
 )
-from tts_common.config import CodePredictorConfig, Qwen3TTSConfig, TalkerConfig, load_checkpoint_config
+from talker_service.model_info import engine_inputs, talker_info
+from tests.helpers.talker import generate
+from tts_common.codes import codes_to_proto
+from tts_common.config import CodePredictorConfig, TalkerConfig
+from tts_common.errors import InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.synthesis import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 CKPT = FIXTURES / "ckpt"
@@ -153,86 +157,121 @@ def test_fixture_checkpoints_load_strictly(name: str) -> None:
     assert all(p.dtype == torch.float32 for p in m.talker.parameters())
 
 
-# --- request validation ---------------------------------------------------------------------------
+# --- the talker's own checks (what depends on its checkpoint) --------------------------------------
+
+_MODELS: dict[str, TalkerModel] = {}
 
 
-def _cfg(name: str) -> Qwen3TTSConfig:
-    return load_checkpoint_config(CKPT / name).model
+def _model(name: str) -> TalkerModel:
+    if name not in _MODELS:
+        _MODELS[name] = TalkerModel.from_checkpoint(CKPT / name)
+    return _MODELS[name]
 
 
 H = 64  # tiny talker hidden size
 
 
+def _talker_request(ref_frames: int = 0, ref_groups: int = 16, **fields) -> stages_pb2.TalkerRequest:
+    msg = stages_pb2.TalkerRequest(text="hi", **fields)
+    if ref_frames:
+        msg.ref_codes.CopyFrom(codes_to_proto(np.zeros((ref_frames, ref_groups), np.int64)))
+    return msg
+
+
+def _inputs(name: str, msg: stages_pb2.TalkerRequest):
+    model = _model(name)
+    return engine_inputs(msg, talker_info(model, EngineConfig(max_seq_len=256)), model)
+
+
 @pytest.mark.parametrize(
-    "name, req, match",
+    "name, fields, match",
     [
-        ("tiny_custom_voice", SynthesisRequest(text="hi", speaker="nobody"), "unknown speaker"),
-        ("tiny_custom_voice", SynthesisRequest(text="hi"), "speaker is required"),
-        ("tiny_custom_voice", SynthesisRequest(text="hi", speaker="ryan", language="klingon"), "language"),
-        (
-            "tiny_custom_voice",
-            SynthesisRequest(text="hi", speaker="dylan", language="beijing_dialect"),
-            "language",
-        ),
-        ("tiny_custom_voice", SynthesisRequest(text="hi", speaker="ryan", instruct="sad"), "instruct"),
-        ("tiny_custom_voice", SynthesisRequest(text="   ", speaker="ryan"), "text"),
-        ("tiny_custom_voice", SynthesisRequest(text="", speaker="ryan"), "text"),
-        ("tiny_voice_design", SynthesisRequest(text="hi", speaker="ryan"), "speaker"),
-        ("tiny_voice_design", SynthesisRequest(text="hi", speaker_embedding=np.zeros(H)), "base"),
-        ("tiny_base", SynthesisRequest(text="hi", speaker="ryan", speaker_embedding=np.zeros(H)), "speaker"),
-        ("tiny_base", SynthesisRequest(text="hi"), "speaker embedding"),
-        ("tiny_base", SynthesisRequest(text="hi", speaker_embedding=np.zeros(H), instruct="x"), "instruct"),
-        ("tiny_base", SynthesisRequest(text="hi", speaker_embedding=np.zeros(H), ref_text="ref"), "ref_text"),
+        ("tiny_custom_voice", {"speaker": "nobody"}, "unknown speaker 'nobody'"),
+        ("tiny_custom_voice", {}, "speaker is required for custom_voice models"),
+        ("tiny_custom_voice", {"speaker": "ryan", "language": "klingon"}, "unknown language 'klingon'"),
+        ("tiny_custom_voice", {"speaker": "dylan", "language": "beijing_dialect"}, "unknown language"),
+        ("tiny_custom_voice", {"speaker": "ryan", "instruct": "sad"}, "instruct is not supported"),
+        ("tiny_voice_design", {"speaker": "ryan"}, "preset speakers need a custom_voice model"),
+        ("tiny_voice_design", {"speaker_embedding": [0.0] * H}, "voice cloning .* needs a base model"),
+        ("tiny_base", {"speaker": "ryan"}, "preset speakers need a custom_voice model"),
+        ("tiny_base", {}, "a voice is required for base models"),
+        ("tiny_base", {"speaker_embedding": [0.0] * H, "instruct": "x"}, "instruct is not supported"),
         (
             "tiny_base",
-            SynthesisRequest(text="hi", speaker_embedding=np.zeros(H), ref_codes=np.zeros((3, 16), np.int64)),
-            "ref_text",
+            {"speaker_embedding": [0.0] * H, "ref_text": "ref"},
+            "ref_text was given without ref_codes",
         ),
         (
             "tiny_base",
-            SynthesisRequest(
-                text="hi", speaker_embedding=np.zeros(H), ref_codes=np.zeros((3, 8), np.int64), ref_text="r"
-            ),
-            "shape",
+            {"speaker_embedding": [0.0] * H, "ref_frames": 3},
+            "ref_text .* is required with ref_codes",
         ),
-        ("tiny_base", SynthesisRequest(text="hi", speaker_embedding=np.zeros(7)), "values"),
+        ("tiny_base", {"ref_frames": 3, "ref_text": "r"}, "a voice is required"),
+        (
+            "tiny_base",
+            {"speaker_embedding": [0.0] * H, "ref_frames": 3, "ref_groups": 8, "ref_text": "r"},
+            r"ref_codes must have shape \[frames>=1, 16\], got \(3, 8\)",
+        ),
+        (
+            "tiny_base",
+            {"speaker_embedding": [0.0] * 7},
+            "speaker_embedding has 7 values but the model needs 64",
+        ),
+        (
+            "tiny_base",
+            {"speaker_embedding": [0.0] * H, "sampling": tts_pb2.SamplingOptions(temperature=0)},
+            "temperature",
+        ),
+        (
+            "tiny_base",
+            {"speaker_embedding": [0.0] * H, "sampling": tts_pb2.SamplingOptions(max_new_tokens=1)},
+            r"\[2, 256\]",
+        ),
+        (
+            "tiny_base",
+            {"speaker_embedding": [0.0] * H, "sampling": tts_pb2.SamplingOptions(max_new_tokens=257)},
+            r"\[2, 256\]",
+        ),
     ],
 )
-def test_invalid_requests(name: str, req: SynthesisRequest, match: str) -> None:
+def test_invalid_talker_requests(name: str, fields: dict, match: str) -> None:
     with pytest.raises(InvalidRequestError, match=match):
-        validate_request(_cfg(name), req)
-    assert issubclass(InvalidRequestError, ValueError)
+        _inputs(name, _talker_request(**fields))
 
 
-def test_valid_request_modes_and_case_insensitivity() -> None:
-    cv = _cfg("tiny_custom_voice")
-    assert (
-        validate_request(cv, SynthesisRequest(text="hi", speaker="RyAn", language="ENGLISH"))
-        == "custom_voice"
+def test_talker_request_translation() -> None:
+    inputs, sampling, budget = _inputs(
+        "tiny_custom_voice", _talker_request(speaker="RyAn", language="ENGLISH")
     )
-    assert (
-        validate_request(cv, SynthesisRequest(text="hi", speaker="dylan", language="Auto")) == "custom_voice"
+    assert (inputs.speaker, inputs.language, inputs.non_streaming_text, budget) == (
+        "ryan",
+        "english",
+        True,
+        None,
     )
-    assert validate_request(cv, SynthesisRequest(text="hi", speaker="ryan", instruct="")) == "custom_voice"
-    assert validate_request(
-        _cfg("tiny_custom_voice_1b7"), SynthesisRequest(text="hi", speaker="ryan", instruct="calm")
+    assert sampling == _model("tiny_custom_voice").config.generation.sampling  # checkpoint defaults
+    msg = _talker_request(
+        speaker_embedding=[0.0] * H,
+        ref_frames=2,
+        ref_text="r",
+        sampling=tts_pb2.SamplingOptions(seed=5, top_k=3, max_new_tokens=40),
     )
-    base = _cfg("tiny_base")
-    assert (
-        validate_request(base, SynthesisRequest(text="hi", speaker_embedding=np.zeros(H)))
-        == "voice_clone_xvector"
-    )
-    icl = SynthesisRequest(
-        text="hi", speaker_embedding=np.zeros(H), ref_codes=np.zeros((2, 16), np.int64), ref_text="r"
-    )
-    assert validate_request(base, icl) == "voice_clone_icl"
+    inputs, sampling, budget = _inputs("tiny_base", msg)
+    assert inputs.ref_codes.shape == (2, 16) and not inputs.non_streaming_text  # base: streaming text
+    assert (sampling.seed, sampling.top_k, budget) == (5, 3, 40)
+    inputs, _, _ = _inputs("tiny_custom_voice_1b7", _talker_request(speaker="ryan", instruct="calm"))
+    assert inputs.instruct == "calm"
 
 
 def test_dialect_and_default_streaming() -> None:
     m = TalkerModel.from_checkpoint(CKPT / "tiny_custom_voice")
     tc = m.config.model.talker
-    zh = m.build_prompt(SynthesisRequest(text="你好", speaker="eric", language="chinese"))
-    en = m.build_prompt(SynthesisRequest(text="你好", speaker="eric", language="english"))
+    zh = m.build_prompt(
+        PromptInputs(text="你好", non_streaming_text=True, speaker="eric", language="chinese")
+    )
+    en = m.build_prompt(
+        PromptInputs(text="你好", non_streaming_text=True, speaker="eric", language="english")
+    )
     with torch.no_grad():
         dialect = m.talker.codec_embed(torch.tensor(tc.codec_language_id["sichuan_dialect"]))
         english = m.talker.codec_embed(torch.tensor(tc.codec_language_id["english"]))
@@ -240,15 +279,18 @@ def test_dialect_and_default_streaming() -> None:
     tts_pad = zh.tts_pad
     torch.testing.assert_close(zh.prefill[3 + 2] - tts_pad, dialect, rtol=0, atol=1e-6)
     torch.testing.assert_close(en.prefill[3 + 2] - tts_pad, english, rtol=0, atol=1e-6)
-    # defaults: custom_voice non-streaming (one trailing row), base streaming
+    # non-streaming feeding: one trailing row; streaming: the text after its first token
     assert zh.trailing.shape[0] == 1
     base = TalkerModel.from_checkpoint(CKPT / "tiny_base")
     p = base.build_prompt(
-        SynthesisRequest(
-            text="Hello world, this is a test.", language="English", speaker_embedding=np.zeros(H)
+        PromptInputs(
+            text="Hello world, this is a test.",
+            non_streaming_text=False,
+            language="english",
+            speaker_embedding=np.zeros(H),
         )
     )
-    assert p.trailing.shape[0] > 1 and p.prefill_len == 10
+    assert p.trailing.shape[0] == p.text_tokens and p.prefill_len == 10
 
 
 # --- sampling processors --------------------------------------------------------------------------
@@ -317,16 +359,6 @@ def test_gumbel_sampling_follows_softmax() -> None:
     torch.testing.assert_close(freq, logits[0].softmax(-1), atol=0.015, rtol=0)
 
 
-def test_sampling_params_validation() -> None:
-    with pytest.raises(ValueError):
-        SamplingParams(temperature=0.0)
-    with pytest.raises(ValueError):
-        SamplingParams(top_p=1.5)
-    d = load_checkpoint_config(CKPT / "tiny_base").generation
-    p = SamplingParams.from_defaults(d, temperature=0.5)
-    assert p.do_sample and p.temperature == 0.5 and p.top_k == 50
-
-
 # --- decode step: slot modes, attend_len buckets, capturability -----------------------------------
 
 
@@ -337,8 +369,13 @@ def cv17() -> TalkerModel:
 
 def _prompts(m: TalkerModel):
     reqs = [
-        SynthesisRequest(text="Hello world, this is a quick test.", language="english", speaker="ryan"),
-        SynthesisRequest(
+        PromptInputs(
+            text="Hello world, this is a quick test.",
+            non_streaming_text=True,
+            language="english",
+            speaker="ryan",
+        ),
+        PromptInputs(
             text="She said she would be here by noon.",
             language="english",
             speaker="serena",
@@ -403,7 +440,6 @@ def test_decode_step_traces_without_graph_breaks(cv17: TalkerModel) -> None:
 def test_bfloat16_runs(cv17: TalkerModel) -> None:
     m = TalkerModel.from_checkpoint(CKPT / "tiny_custom_voice_1b7", dtype=torch.bfloat16)
     assert m.talker.codec_head.weight.dtype == torch.bfloat16
-    codes = generate(m, [SynthesisRequest(text="Hello there.", speaker="ryan")], 8, SamplingParams.greedy())[
-        0
-    ]
+    inputs = PromptInputs(text="Hello there.", non_streaming_text=True, speaker="ryan")
+    codes = generate(m, [inputs], 8, SamplingParams.greedy())[0].codes
     assert codes.shape == (7, 16) and int(codes.min()) >= 0 and int(codes.max()) < 2048

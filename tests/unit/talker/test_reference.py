@@ -16,16 +16,14 @@ import numpy as np
 import pytest
 import torch
 
-from talker_service.model import (
-    SamplingParams,
-    SynthesisRequest,
-    TalkerModel,
-    generate,
-    iter_frames,
-)
+from talker_service.engine import FinishReason
+from talker_service.model import PromptInputs, TalkerModel
 from talker_service.model.sampling import SamplingTensors
 from talker_service.model.step import DecodeState, decode_step, prefill
+from tests.helpers.fixtures import fixture_prompt_inputs
+from tests.helpers.talker import generate
 from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
+from tts_common.synthesis import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
 NAMES = ["tiny_custom_voice", "tiny_custom_voice_1b7", "tiny_voice_design", "tiny_base"]
@@ -46,21 +44,9 @@ class Case:
     def has(self, stem: str) -> bool:
         return (self.folder / f"{stem}_{self.index}.npy").exists()
 
-    def request(self) -> SynthesisRequest:
-        r = self.raw
-        kw: dict = {
-            "text": r["text"],
-            "language": r.get("language", "auto"),
-            "speaker": r.get("speaker"),
-            "instruct": r.get("instruct"),
-            "non_streaming_text": r.get("non_streaming_text"),
-        }
-        if "ref_audio" in r:  # voice clone: the speaker stage's outputs come from the fixtures
-            kw["speaker_embedding"] = self.npy("spk_emb")
-            if not r.get("x_vector_only", False):
-                kw["ref_codes"] = self.npy("ref_code")
-                kw["ref_text"] = r["ref_text"]
-        return SynthesisRequest(**kw)
+    def request(self) -> PromptInputs:
+        """Prompt inputs; voice-clone inputs are the official speaker-stage outputs of the case."""
+        return fixture_prompt_inputs(self.name, self.raw)
 
 
 def _cases(name: str) -> list[Case]:
@@ -99,7 +85,7 @@ def greedy_codes(case: Case) -> np.ndarray:
     key = f"{case.name}:{case.rid}"
     if key not in _SINGLE:
         m = model_for(case.name)
-        _SINGLE[key] = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].numpy()
+        _SINGLE[key] = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].codes
     return _SINGLE[key]
 
 
@@ -147,7 +133,7 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
     m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / name, onednn_linears=False)
     assert not any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
     for case in _cases(name)[:2]:
-        got = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].numpy()
+        got = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].codes
         np.testing.assert_array_equal(got, case.npy("codes"), err_msg=case.rid)
 
 
@@ -187,57 +173,46 @@ def test_decode_step_is_batch_invariant_to_the_bit() -> None:
 
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_codes_batched(name: str) -> None:
+    """All requests of a set at once: each gets its official codes, ended as the official one."""
     cases = _cases(name)
     out = generate(model_for(name), [c.request() for c in cases], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))
     for c, got in zip(cases, out):
-        np.testing.assert_array_equal(got.numpy(), c.npy("codes"), err_msg=c.rid)
-
-
-def test_iter_frames_streams_the_same_codes() -> None:
-    cases = _cases("tiny_voice_design")[:2]
-    m = model_for("tiny_voice_design")
-    frames: dict[int, list[torch.Tensor]] = {0: [], 1: []}
-    ends: dict[int, bool] = {}
-    for ev in iter_frames(m, [c.request() for c in cases], MAX_NEW_TOKENS, SamplingParams.greedy()):
-        assert ev.request not in ends, "frame after end of request"
-        if ev.codes is None:
-            ends[ev.request] = ev.stopped_by_eos
-        else:
-            assert ev.frame == len(frames[ev.request])
-            frames[ev.request].append(ev.codes)
-    for i, c in enumerate(cases):
-        np.testing.assert_array_equal(torch.stack(frames[i]).numpy(), c.npy("codes"))
+        np.testing.assert_array_equal(got.codes, c.npy("codes"), err_msg=c.rid)
         summary = json.loads((c.folder / "case.json").read_text())
-        assert ends[i] == summary["utterances"][int(c.index)]["stopped_by_eos"]
+        stopped_by_eos = summary["utterances"][int(c.index)]["stopped_by_eos"]
+        assert got.finish_reason is (FinishReason.EOS if stopped_by_eos else FinishReason.LENGTH), c.rid
 
 
 def test_max_new_tokens_gives_at_most_m_minus_1_frames() -> None:
     case = _cases("tiny_custom_voice")[1]
     m = model_for(case.name)
     want = case.npy("codes")
-    for budget in (1, 2, 5):
-        got = generate(m, [case.request()], budget, SamplingParams.greedy())[0].numpy()
-        assert got.shape == (budget - 1, 16)
-        np.testing.assert_array_equal(got, want[: budget - 1])
+    for budget in (2, 5):
+        got = generate(m, [case.request()], budget, SamplingParams.greedy())[0]
+        assert got.codes.shape == (budget - 1, 16) and got.finish_reason is FinishReason.LENGTH
+        np.testing.assert_array_equal(got.codes, want[: budget - 1])
 
 
 def test_sampling_same_seed_alone_and_batched() -> None:
     m = model_for("tiny_custom_voice_1b7")
     cases = _cases("tiny_custom_voice_1b7")
     reqs = [cases[1].request(), cases[5].request(), cases[6].request()]
-    sampled = SamplingParams(do_sample=True, subtalker_dosample=True, temperature=0.9, top_k=50, seed=1234)
-    other = SamplingParams(do_sample=True, subtalker_dosample=True, top_p=0.8, seed=7)
+    sampled = SamplingParams(do_sample=True, subtalker_do_sample=True, temperature=0.9, top_k=50, seed=1234)
+    other = SamplingParams(do_sample=True, subtalker_do_sample=True, top_p=0.8, seed=7)
     budget = 24
-    alone = generate(m, [reqs[0]], budget, sampled)[0]
-    again = generate(m, [reqs[0]], budget, sampled)[0]
-    np.testing.assert_array_equal(alone.numpy(), again.numpy())
-    batched = generate(m, [reqs[1], reqs[0], reqs[2]], budget, [SamplingParams.greedy(), sampled, other])
-    np.testing.assert_array_equal(batched[1].numpy(), alone.numpy())
-    np.testing.assert_array_equal(batched[0].numpy(), greedy_codes(cases[5])[: budget - 1])
-    other_alone = generate(m, [reqs[2]], budget, other)[0]
-    np.testing.assert_array_equal(batched[2].numpy(), other_alone.numpy())
+    alone = generate(m, [reqs[0]], budget, sampled)[0].codes
+    again = generate(m, [reqs[0]], budget, sampled)[0].codes
+    np.testing.assert_array_equal(alone, again)
+    batched = [
+        g.codes
+        for g in generate(m, [reqs[1], reqs[0], reqs[2]], budget, [SamplingParams.greedy(), sampled, other])
+    ]
+    np.testing.assert_array_equal(batched[1], alone)
+    np.testing.assert_array_equal(batched[0], greedy_codes(cases[5])[: budget - 1])
+    other_alone = generate(m, [reqs[2]], budget, other)[0].codes
+    np.testing.assert_array_equal(batched[2], other_alone)
     reseeded = generate(
-        m, [reqs[0]], budget, SamplingParams(do_sample=True, subtalker_dosample=True, seed=99)
+        m, [reqs[0]], budget, SamplingParams(do_sample=True, subtalker_do_sample=True, seed=99)
     )[0]
-    assert not np.array_equal(reseeded.numpy(), alone.numpy())
+    assert not np.array_equal(reseeded.codes, alone)
     assert int(alone.max()) < 2048 and int(alone.min()) >= 0
