@@ -30,7 +30,8 @@ from typing import Any
 import torch
 from torch.utils.flop_counter import FlopCounterMode
 
-from decoder_service.model.codec_decoder import CodecDecoder, init_random_weights
+from decoder_service.model.decoder import CodecDecoder
+from decoder_service.model.random_init import init_random_weights
 from decoder_service.model.streaming import ChunkSchedule, DecoderSession, advance_sessions
 from tts_common.release_dims import release_decoder_config
 

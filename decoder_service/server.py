@@ -34,7 +34,8 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.serving import handle_rpc_errors, resolve_request_id
 from tts_common.stage_main import add_model_arguments, env_default
 
-from .model.codec_decoder import CodecDecoder
+from .model.decoder import CodecDecoder
+from .model.loading import load_codec_decoder
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
 
 logger = logging.getLogger(__name__)
@@ -72,7 +73,6 @@ class DecodeBatcher:
         self._pending: list[_Job] = []
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task | None = None
-        self.rounds = 0
         self.last_batch_size = 0
 
     def start(self) -> None:
@@ -99,7 +99,6 @@ class DecodeBatcher:
             jobs = [j for j in jobs if not j.future.done()]
             if not jobs:
                 continue
-            self.rounds += 1
             self.last_batch_size = len(jobs)
             metrics.BATCH_SIZE.labels(stage="decoder").observe(len(jobs))
             t0 = time.monotonic()
@@ -140,7 +139,7 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
         self.decoder = await self.compute.run(
-            CodecDecoder.from_checkpoint,
+            load_codec_decoder,
             self.model_dir,
             self.config.device,
             getattr(torch, self.config.dtype),

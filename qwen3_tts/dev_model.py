@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from safetensors.torch import save_file
 
-from decoder_service.model.codec_decoder import CodecDecoder
+from decoder_service.model.decoder import CodecDecoder
 from speaker_service.model.codec_encoder import CodecEncoder
 from speaker_service.model.speaker_encoder import SpeakerEncoder
 from talker_service.model.talker import Talker

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from decoder_service.model.codec_decoder import CodecDecoder
+from decoder_service.model.loading import load_codec_decoder
 from speaker_service.model.frontend import VoiceCloneFrontEnd
 from talker_service.engine import EngineConfig, TalkerEngine
 from talker_service.model.loader import TalkerModel
@@ -142,7 +142,7 @@ class OfflineSynthesizer:
         self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
     ) -> None:
         self.talker = TalkerModel.from_checkpoint(model_dir, device, dtype)
-        self.decoder = CodecDecoder.from_checkpoint(model_dir, device, dtype)
+        self.decoder = load_codec_decoder(model_dir, device, dtype)
         cfg = self.talker.config
         self.frontend = (
             VoiceCloneFrontEnd.from_checkpoint(model_dir, device, dtype)

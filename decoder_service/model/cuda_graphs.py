@@ -12,7 +12,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .codec_decoder import CodecDecoder, State
+from .decoder import CodecDecoder
+from .primitives import State
 
 
 class _CapturedStep:

@@ -31,7 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from .codec_decoder import OFFICIAL_CHUNK_SIZE, CodecDecoder, State
+from .decoder import OFFICIAL_CHUNK_SIZE, CodecDecoder
+from .primitives import State
 
 if TYPE_CHECKING:
     from .cuda_graphs import CudaGraphSteps
@@ -109,7 +110,7 @@ class DecoderSession:
     the first generated frame in the decode of ``prefix ‖ generated``.
 
     Voice clone: the official non-streaming code decodes ``ref ‖ generated`` and cuts
-    ``codec_decoder.icl_cut(...)`` samples, which for some length pairs (~4%) is one sample less
+    ``decoder.icl_cut(...)`` samples, which for some length pairs (~4%) is one sample less
     than ``P * samples_per_frame`` (its output then starts with the last reference sample). A
     session always returns exactly the generated frames' samples, ``n * samples_per_frame`` per
     chunk (what the internal Decoder API specifies).
@@ -131,10 +132,6 @@ class DecoderSession:
         """Generated (non-prefix) frames fed so far."""
         if prefix_codes is not None:
             self._consume_prefix(_as_frames(decoder, prefix_codes), fast_prefix)
-
-    @property
-    def samples_emitted(self) -> int:
-        return self.frames * self.decoder.samples_per_frame
 
     def feed(self, codes: CodesLike) -> Tensor:
         """Decode the next ``n`` frames ([n, Q]) -> float32 audio [n * samples_per_frame] on the device."""

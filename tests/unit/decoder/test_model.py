@@ -9,33 +9,30 @@ import pytest
 import torch
 from safetensors import safe_open
 
-from decoder_service.model.codec_decoder import (
-    CHECKPOINT_PREFIX,
-    CodecDecoder,
-    icl_cut,
-    init_random_weights,
-)
+from decoder_service.model.decoder import CodecDecoder, icl_cut
+from decoder_service.model.loading import CHECKPOINT_PREFIX, load_codec_decoder
+from decoder_service.model.random_init import init_random_weights
 from tests.helpers.decoder import TOL, fixture_cases, small_config
 from tests.helpers.fixtures import CHECKPOINT_NAMES, CKPT_DIR, REFERENCE_DIR
 
 
 @pytest.fixture(scope="module", params=CHECKPOINT_NAMES)
 def fixture_decoder(request: pytest.FixtureRequest) -> tuple[str, CodecDecoder]:
-    return request.param, CodecDecoder.from_checkpoint(CKPT_DIR / request.param)
+    return request.param, load_codec_decoder(CKPT_DIR / request.param)
 
 
 def test_parameter_names_equal_checkpoint_keys() -> None:
     path = CKPT_DIR / "tiny_base" / "speech_tokenizer" / "model.safetensors"
     with safe_open(str(path), framework="pt") as fh:
         keys = {k[len(CHECKPOINT_PREFIX) :] for k in fh.keys() if k.startswith(CHECKPOINT_PREFIX)}
-    dec = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base")
+    dec = load_codec_decoder(CKPT_DIR / "tiny_base")
     assert set(dec.state_dict().keys()) == keys
     assert "quantizer.rvq_first.input_proj.weight" in keys  # unused by decoding, still loaded
 
 
 def test_loads_from_speech_tokenizer_dir_and_bf16() -> None:
-    a = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base")
-    b = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base" / "speech_tokenizer", dtype=torch.bfloat16)
+    a = load_codec_decoder(CKPT_DIR / "tiny_base")
+    b = load_codec_decoder(CKPT_DIR / "tiny_base" / "speech_tokenizer", dtype=torch.bfloat16)
     assert b.dtype == torch.bfloat16
     codes = torch.from_numpy(np.load(REFERENCE_DIR / "tiny_base" / "vc_icl_stream" / "codes_0.npy"))[:12]
     wa, wb = a.decode(codes), b.decode(codes)
@@ -59,7 +56,7 @@ def test_fixture_waveforms(fixture_decoder: tuple[str, CodecDecoder]) -> None:
 
 def test_batched_utterances_with_padding() -> None:
     """The official batch path: right-pad with -1, decode, crop each item (ICL cut per item)."""
-    dec = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base")
+    dec = load_codec_decoder(CKPT_DIR / "tiny_base")
     cases = [c for c in fixture_cases("tiny_base") if c[3].startswith("vc_batch2")]
     outs = dec.decode_utterances(
         [torch.from_numpy(c[0]) for c in cases], [torch.from_numpy(c[1]) for c in cases]
@@ -106,7 +103,7 @@ def test_shapes_padding_and_official_chunking() -> None:
 def test_config_dims_follow_checkpoint() -> None:
     with open(CKPT_DIR / "tiny_base" / "speech_tokenizer" / "config.json", encoding="utf-8") as fh:
         cfg = json.load(fh)["decoder_config"]
-    dec = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base")
+    dec = load_codec_decoder(CKPT_DIR / "tiny_base")
     assert dec.samples_per_frame == 1920
     assert dec.decoder[-1].conv.in_channels == cfg["decoder_dim"] // 16
     assert len(dec.pre_transformer.layers) == cfg["num_hidden_layers"]

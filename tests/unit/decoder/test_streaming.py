@@ -8,7 +8,9 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from decoder_service.model.codec_decoder import CodecDecoder, init_random_weights
+from decoder_service.model.decoder import CodecDecoder
+from decoder_service.model.loading import load_codec_decoder
+from decoder_service.model.random_init import init_random_weights
 from decoder_service.model.streaming import (
     ChunkSchedule,
     DecoderSession,
@@ -30,7 +32,7 @@ def small() -> CodecDecoder:
 @pytest.fixture(scope="module")
 def tiny() -> CodecDecoder:
     """The tiny fixture decoder: window 72 and the real 1920x upsampling chain."""
-    return CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base")
+    return load_codec_decoder(CKPT_DIR / "tiny_base")
 
 
 def random_codes(dec: CodecDecoder, frames: int, seed: int) -> torch.Tensor:
@@ -189,7 +191,7 @@ def test_conv_stack_row_groups_are_exact(small: CodecDecoder) -> None:
 def test_fixture_waveforms_by_streaming(name: str) -> None:
     """Official waveforms from streaming with the default schedule (ICL: reference codes as prefix;
     the fixtures' official cut equals ref_frames * 1920 exactly)."""
-    dec = CodecDecoder.from_checkpoint(CKPT_DIR / name)
+    dec = load_codec_decoder(CKPT_DIR / name)
     cases = fixture_cases(name)
     sessions = [DecoderSession(dec, prefix_codes=ref) for _, ref, _, _ in cases]
     pending = [list(ChunkSchedule().split(c[0].shape[0])) for c in cases]
@@ -234,7 +236,7 @@ def test_invalid_codes_rejected(small: CodecDecoder) -> None:
 
 
 def test_bfloat16_streaming_runs() -> None:
-    dec = CodecDecoder.from_checkpoint(CKPT_DIR / "tiny_base", dtype=torch.bfloat16)
+    dec = load_codec_decoder(CKPT_DIR / "tiny_base", dtype=torch.bfloat16)
     codes = random_codes(dec, 6, 4)
     out = stream(dec, codes, [2, 4])
     assert out.dtype == torch.float32 and torch.isfinite(out).all()

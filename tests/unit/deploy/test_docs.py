@@ -85,7 +85,7 @@ def test_kv_cache_figures() -> None:
 
 def test_weight_sizes() -> None:
     torch = pytest.importorskip("torch")
-    from decoder_service.model.codec_decoder import CodecDecoder
+    from decoder_service.model.decoder import CodecDecoder
     from tts_common.config import SpeechTokenizerConfig
     from tts_common.release_dims import speech_tokenizer_config_dict
 

@@ -1,0 +1,203 @@
+"""The decoder's convolutional blocks: causal convs, SnakeBeta, residual units, upsampling blocks.
+
+All stride-1 convs pad on the left only and transposed convs trim on the right only, so none needs
+look-ahead (why: ``decoder`` module docstring); streaming protocol: ``primitives``.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
+
+
+class CausalConv1d(Stateful):
+    """Stride-1 causal Conv1d: left zero pad ``(k-1)*dilation`` (no right pad is needed at stride 1).
+
+    Streaming state: the last ``(k-1)*dilation`` inputs (zeros at the start == the zero padding).
+    """
+
+    def __init__(
+        self, in_channels: int, out_channels: int, kernel_size: int, dilation: int = 1, groups: int = 1
+    ) -> None:
+        super().__init__()
+        self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
+        self.history = (kernel_size - 1) * dilation
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        if self.history == 0:
+            return {}
+        return {self.state_key: ((self.conv.in_channels, self.history), None)}
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv(F.pad(x, (self.history, 0)))
+
+    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+        if self.history == 0:
+            return self.conv(x)
+        full = torch.cat([state[self.state_key], x], dim=-1)
+        # row b's valid inputs end at history + lengths[b]: keep the `history` before that end.
+        new_state[self.state_key] = gather_time(full, lengths, self.history)
+        return self.conv(full)
+
+
+class CausalConvTranspose1d(Stateful):
+    """ConvTranspose1d(k, stride s) whose last ``k - s`` outputs are trimmed (causal).
+
+    Computed as one matmul (every input frame times the [in, out*k] weight) followed by an
+    overlap-add: PyTorch's CPU transposed convolution falls back to a slow path for short inputs
+    (streaming chunks), and one formulation for both paths keeps their numerics alike.
+
+    Streaming state: the pending overlap — the ``k - s`` output samples past the current end that
+    the inputs seen so far already contribute to (without bias); the next step adds them to its
+    first outputs. Kernels with ``k == s`` have no overlap and no state.
+    """
+
+    def __init__(self, in_channels: int, out_channels: int, kernel_size: int, stride: int) -> None:
+        super().__init__()
+        self.conv = nn.ConvTranspose1d(in_channels, out_channels, kernel_size, stride=stride)
+        self.stride = stride
+        self.kernel_size = kernel_size
+        self.overlap = kernel_size - stride
+        self.segments = math.ceil(kernel_size / stride)
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        if self.overlap == 0:
+            return {}
+        return {self.state_key: ((self.conv.out_channels, self.overlap), None)}
+
+    def _full(self, x: Tensor) -> Tensor:
+        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]."""
+        b, c_in, n = x.shape
+        s, p, c_out = self.stride, self.segments, self.conv.out_channels
+        # a[b, m, o, j]: contribution of input frame m to output sample m*s + j
+        a = torch.matmul(x.transpose(1, 2), self.conv.weight.reshape(c_in, c_out * self.kernel_size))
+        a = a.view(b, n, c_out, self.kernel_size)
+        if p * s != self.kernel_size:
+            a = F.pad(a, (0, p * s - self.kernel_size))
+        a = a.view(b, n, c_out, p, s).permute(0, 2, 3, 1, 4)  # [B, out, p, n, s]
+        if p == 1:
+            return a[:, :, 0].reshape(b, c_out, n * s)
+        y = a.new_zeros((b, c_out, n + p - 1, s))
+        for i in range(p):
+            y[:, :, i : i + n] += a[:, :, i]
+        return y.view(b, c_out, (n + p - 1) * s)
+
+    def _bias(self, y: Tensor) -> Tensor:
+        return y if self.conv.bias is None else y + self.conv.bias[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._bias(self._full(x)[..., : x.shape[-1] * self.stride])
+
+    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+        n = x.shape[-1]
+        if self.overlap == 0:  # each input maps to its own `stride` outputs
+            return self._bias(self._full(x))
+        if lengths is not None:
+            # padded inputs must not leak into the pending overlap of their row
+            x = zero_padding(x, lengths)
+        y = self._full(x)
+        y = torch.cat([y[..., : self.overlap] + state[self.state_key], y[..., self.overlap :]], dim=-1)
+        if lengths is None:
+            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap]
+        else:
+            new_state[self.state_key] = gather_time(y, lengths * self.stride, self.overlap)
+        return self._bias(y[..., : n * self.stride])
+
+
+class SnakeBeta(nn.Module):
+    """``x + 1/(exp(beta) + 1e-9) * sin(x * exp(alpha))^2`` per channel (log-scale parameters)."""
+
+    def __init__(self, channels: int) -> None:
+        super().__init__()
+        self.alpha = nn.Parameter(torch.zeros(channels))
+        self.beta = nn.Parameter(torch.zeros(channels))
+        self._cache = DerivedCache()
+
+    def _coefficients(self) -> Tensor:
+        return torch.stack([torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9)])[:, None, :, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        # tiny per-channel ops cost a thread-pool round trip each: computed once per weight load
+        alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
+        if torch.is_grad_enabled():
+            return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+        # same values (products and sums commute exactly), two fewer full-size temporaries
+        return torch.sin(x * alpha).pow_(2).mul_(inv_beta).add_(x)
+
+
+class ResidualUnit(nn.Module):
+    """SnakeBeta -> causal conv k7 (dilated) -> SnakeBeta -> conv k1, plus the input."""
+
+    def __init__(self, dim: int, dilation: int) -> None:
+        super().__init__()
+        self.act1 = SnakeBeta(dim)
+        self.conv1 = CausalConv1d(dim, dim, 7, dilation=dilation)
+        self.act2 = SnakeBeta(dim)
+        self.conv2 = CausalConv1d(dim, dim, 1)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.conv2(self.act2(self.conv1(self.act1(x)))) + x
+
+    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+        h = self.conv1.step(self.act1(x), lengths, state, new_state)
+        return self.conv2(self.act2(h)) + x
+
+
+class DecoderBlock(nn.Module):
+    """SnakeBeta -> causal ConvTranspose1d(C -> C/2, k=2r, s=r) -> residual units (dil 1, 3, 9)."""
+
+    def __init__(self, in_dim: int, out_dim: int, rate: int) -> None:
+        super().__init__()
+        self.rate = rate
+        self.block = nn.ModuleList(
+            [
+                SnakeBeta(in_dim),
+                CausalConvTranspose1d(in_dim, out_dim, 2 * rate, rate),
+                ResidualUnit(out_dim, 1),
+                ResidualUnit(out_dim, 3),
+                ResidualUnit(out_dim, 9),
+            ]
+        )
+
+    def forward(self, x: Tensor) -> Tensor:
+        for layer in self.block:
+            x = layer(x)
+        return x
+
+    def step(
+        self, x: Tensor, lengths: Tensor | None, state: State, new_state: State
+    ) -> tuple[Tensor, Tensor | None]:
+        x = self.block[0](x)
+        x = self.block[1].step(x, lengths, state, new_state)
+        lengths = None if lengths is None else lengths * self.rate
+        for unit in self.block[2:]:
+            x = unit.step(x, lengths, state, new_state)
+        return x, lengths
+
+
+class ConvNeXtBlock(nn.Module):
+    """Causal depthwise conv k7 -> LayerNorm(1e-6) -> Linear 4x -> GELU -> Linear -> gamma, residual."""
+
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.dwconv = CausalConv1d(dim, dim, 7, groups=dim)
+        self.norm = nn.LayerNorm(dim, eps=1e-6)
+        self.pwconv1 = nn.Linear(dim, 4 * dim)
+        self.pwconv2 = nn.Linear(4 * dim, dim)
+        self.gamma = nn.Parameter(torch.full((dim,), 1e-6))
+
+    def _pointwise(self, x: Tensor, h: Tensor) -> Tensor:
+        h = h.transpose(1, 2)
+        h = self.pwconv2(F.gelu(self.pwconv1(self.norm(h))))
+        return x + (self.gamma * h).transpose(1, 2)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self._pointwise(x, self.dwconv(x))
+
+    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+        return self._pointwise(x, self.dwconv.step(x, lengths, state, new_state))

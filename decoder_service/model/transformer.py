@@ -1,0 +1,232 @@
+"""The decoder's pre-transformer: sliding-window causal attention with RoPE, ARCHITECTURE.md §9.1.
+
+Attention sees keys ``i - window < j <= i``, so streaming keeps the last ``window`` rotated
+keys/values per layer and their absolute positions (streaming protocol: see ``primitives``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from tts_common.config import CodecDecoderConfig
+
+from .primitives import State, Stateful, gather_time
+
+_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
+    "silu": F.silu,
+    "gelu": F.gelu,
+    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
+    "relu": F.relu,
+}
+
+
+class RMSNorm(nn.Module):
+    """fp32 RMSNorm: cast, ``x * rsqrt(mean(x^2) + eps)``, cast back, ``weight * normalized``."""
+
+    def __init__(self, dim: int, eps: float) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(dim))
+        self.eps = eps
+
+    def forward(self, x: Tensor) -> Tensor:
+        h = x.to(torch.float32)
+        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
+        return self.weight * h.to(x.dtype)
+
+
+class LayerScale(nn.Module):
+    def __init__(self, dim: int, init: float) -> None:
+        super().__init__()
+        self.scale = nn.Parameter(torch.full((dim,), init))
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.scale * x
+
+
+class DecoderMLP(nn.Module):
+    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
+        super().__init__()
+        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
+        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.act = _ACTIVATIONS[act]
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+
+
+def _rotate_half(x: Tensor) -> Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+
+
+def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x [B, H, T, D]; cos/sin [B, T, D]."""
+    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
+
+
+class DecoderAttention(Stateful):
+    """Multi-head attention with RoPE; streaming state: the last ``window`` rotated keys/values."""
+
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        assert config.head_dim is not None
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.window = config.sliding_window
+        bias = config.attention_bias
+        h = config.hidden_size
+        self.q_proj = nn.Linear(h, self.num_heads * self.head_dim, bias=bias)
+        self.k_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.v_proj = nn.Linear(h, self.num_kv_heads * self.head_dim, bias=bias)
+        self.o_proj = nn.Linear(self.num_heads * self.head_dim, h, bias=bias)
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        shape = (self.num_kv_heads, self.window, self.head_dim)
+        return {f"{self.state_key}.k": (shape, None), f"{self.state_key}.v": (shape, None)}
+
+    def _project(self, x: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        b, t, _ = x.shape
+        q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
+        k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
+        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+
+    def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+        if self.num_kv_heads != self.num_heads:
+            rep = self.num_heads // self.num_kv_heads
+            k = k.repeat_interleave(rep, dim=1)
+            v = v.repeat_interleave(rep, dim=1)
+        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=self.head_dim**-0.5)
+        b, _, t, _ = out.shape
+        return self.o_proj(out.transpose(1, 2).reshape(b, t, self.num_heads * self.head_dim))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        q, k, v = self._project(x, cos, sin)
+        return self._attend(q, k, v, mask)
+
+    def step(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        lengths: Tensor | None,
+        state: State,
+        new_state: State,
+    ) -> Tensor:
+        q, k, v = self._project(x, cos, sin)
+        k = torch.cat([state[f"{self.state_key}.k"], k], dim=2)
+        v = torch.cat([state[f"{self.state_key}.v"], v], dim=2)
+        new_state[f"{self.state_key}.k"] = gather_time(k, lengths, self.window, dim=2)
+        new_state[f"{self.state_key}.v"] = gather_time(v, lengths, self.window, dim=2)
+        return self._attend(q, k, v, mask)
+
+
+class DecoderTransformerLayer(nn.Module):
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        h = config.hidden_size
+        self.input_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.self_attn = DecoderAttention(config)
+        self.self_attn_layer_scale = LayerScale(h, config.layer_scale_initial_scale)
+        self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
+        self.mlp = DecoderMLP(h, config.intermediate_size, config.hidden_act)
+        self.mlp_layer_scale = LayerScale(h, config.layer_scale_initial_scale)
+
+    def _mlp(self, x: Tensor) -> Tensor:
+        return x + self.mlp_layer_scale(self.mlp(self.post_attention_layernorm(x)))
+
+    def forward(self, x: Tensor, cos: Tensor, sin: Tensor, mask: Tensor) -> Tensor:
+        x = x + self.self_attn_layer_scale(self.self_attn(self.input_layernorm(x), cos, sin, mask))
+        return self._mlp(x)
+
+    def step(
+        self,
+        x: Tensor,
+        cos: Tensor,
+        sin: Tensor,
+        mask: Tensor,
+        lengths: Tensor | None,
+        state: State,
+        new_state: State,
+    ) -> Tensor:
+        a = self.self_attn.step(self.input_layernorm(x), cos, sin, mask, lengths, state, new_state)
+        return self._mlp(x + self.self_attn_layer_scale(a))
+
+
+class DecoderTransformer(Stateful):
+    """input_proj -> layers -> RMSNorm -> output_proj, sliding-window causal attention.
+
+    Streaming state (besides the per-layer keys/values): the absolute positions of the cached
+    keys (``-1`` = empty slot), shared by all layers.
+    """
+
+    def __init__(self, config: CodecDecoderConfig) -> None:
+        super().__init__()
+        assert config.head_dim is not None
+        self.window = config.sliding_window
+        self.input_proj = nn.Linear(config.latent_dim, config.hidden_size)
+        self.layers = nn.ModuleList(
+            [DecoderTransformerLayer(config) for _ in range(config.num_hidden_layers)]
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
+        self.head_dim = config.head_dim
+        self.rope_theta = config.rope_theta
+        # not a buffer: `.to(bfloat16)` must not round the fp32 RoPE frequencies
+        self._inv_freq: dict[torch.device, Tensor] = {}
+
+    def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
+        return {f"{self.state_key}.positions": ((self.window,), torch.int64)}
+
+    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+        """cos/sin [B, T, head_dim] for absolute positions [B, T]; fp32 tables cast to ``dtype``."""
+        inv_freq = self._inv_freq.get(positions.device)
+        if inv_freq is None:
+            dim = self.head_dim
+            exponents = (
+                torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
+            )
+            inv_freq = self._inv_freq[positions.device] = 1.0 / (self.rope_theta**exponents)
+        freqs = positions.to(torch.float32)[..., None] * inv_freq
+        emb = torch.cat([freqs, freqs], dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+    def _mask(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
+        """[B, 1, Tq, Tk]: key j visible to query i iff i - window < j <= i (and the slot is filled)."""
+        q = q_pos[:, :, None]
+        k = k_pos[:, None, :]
+        return ((k <= q) & (k > q - self.window) & (k >= 0))[:, None]
+
+    def forward(self, x: Tensor) -> Tensor:
+        """x [B, T, latent] -> [B, T, latent] (positions 0..T-1)."""
+        b, t, _ = x.shape
+        pos = torch.arange(t, device=x.device)[None].expand(b, t)
+        cos, sin = self._rope(pos, x.dtype)
+        mask = self._mask(pos, pos)
+        h = self.input_proj(x)
+        for layer in self.layers:
+            h = layer(h, cos, sin, mask)
+        return self.output_proj(self.norm(h))
+
+    def step(
+        self, x: Tensor, positions: Tensor, lengths: Tensor | None, state: State, new_state: State
+    ) -> Tensor:
+        """x [B, N, latent] for absolute frame positions ``positions[b] + 0..N-1``."""
+        n = x.shape[1]
+        q_pos = positions[:, None] + torch.arange(n, device=x.device)
+        key = f"{self.state_key}.positions"
+        k_pos = torch.cat([state[key], q_pos], dim=1)
+        new_state[key] = gather_time(k_pos, lengths, self.window, dim=1)
+        cos, sin = self._rope(q_pos, x.dtype)
+        mask = self._mask(q_pos, k_pos)
+        h = self.input_proj(x)
+        for layer in self.layers:
+            h = layer.step(h, cos, sin, mask, lengths, state, new_state)
+        return self.output_proj(self.norm(h))
