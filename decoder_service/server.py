@@ -25,6 +25,7 @@ import numpy as np
 import torch
 
 from tts_common import metrics
+from tts_common.chunking import CHUNK_GROWTH, resolve_chunking
 from tts_common.codes import codes_from_proto
 from tts_common.compute_thread import ComputeThread
 from tts_common.config import load_checkpoint_config
@@ -39,10 +40,6 @@ from .model.loading import load_codec_decoder
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
 
 logger = logging.getLogger(__name__)
-
-DEFAULT_FIRST_CHUNK_FRAMES = 2
-DEFAULT_MAX_CHUNK_FRAMES = 25
-MAX_CHUNK_FRAMES_LIMIT = 100
 
 
 @dataclass
@@ -180,14 +177,8 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
                 metrics.RUNNING_REQUESTS.labels(stage="decoder").set(self.running)
 
     def _schedule(self, start: stages_pb2.DecodeStart) -> ChunkSchedule:
-        first = start.first_chunk_frames or DEFAULT_FIRST_CHUNK_FRAMES
-        largest = start.max_chunk_frames or max(DEFAULT_MAX_CHUNK_FRAMES, first)
-        if not 1 <= first <= largest <= MAX_CHUNK_FRAMES_LIMIT:
-            raise InvalidRequestError(
-                f"chunk schedule needs 1 <= first_chunk_frames ({first}) <= max_chunk_frames ({largest}) "
-                f"<= {MAX_CHUNK_FRAMES_LIMIT}"
-            )
-        return ChunkSchedule(first=first, growth=2.0, max=largest)
+        first, largest = resolve_chunking(start.first_chunk_frames, start.max_chunk_frames, field_prefix="")
+        return ChunkSchedule(first=first, growth=CHUNK_GROWTH, max=largest)
 
     def _check_codes(self, codes: np.ndarray, what: str) -> np.ndarray:
         assert self.decoder is not None

@@ -16,6 +16,7 @@ from tts_common.serving import channel_options, parse_server_args, serve
 
 from .config import DEFAULT_PORT, STAGE, add_gateway_arguments, gateway_config_from_args
 from .server import SERVICE_NAME, GatewayServicer, server_setup
+from .service import SynthesisService
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,14 +33,14 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(server_config.log_level, stage=STAGE)
 
     async def run() -> None:
-        servicer = GatewayServicer.from_config(config, channel_options(server_config))
-        add_servicers, build_kwargs = server_setup(servicer, config)
+        service = SynthesisService.from_config(config, channel_options(server_config))
+        add_servicers, build_kwargs = server_setup(GatewayServicer(service), config)
         await serve(
             server_config,
             add_servicers,
             [SERVICE_NAME],
-            startup=servicer.start,
-            shutdown=servicer.close,
+            startup=service.start,
+            shutdown=service.close,
             **build_kwargs,
         )
 

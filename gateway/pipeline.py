@@ -101,10 +101,6 @@ class SynthesisPipeline:
         self._pump: asyncio.Task[None] | None = None
         self.talker_done: stages_pb2.TalkerDone | None = None
         """The talker's final message, once received."""
-        self.decode_done: stages_pb2.DecodeDone | None = None
-        """The decoder's final message, once received."""
-        self.frames_forwarded = 0
-        """Codec frames handed to the decoder so far."""
 
     async def start(self) -> None:
         """Open both calls and send the first messages (StageError if a stage is down)."""
@@ -144,7 +140,6 @@ class SynthesisPipeline:
                 await self._write(
                     "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(chunk=message.chunk)
                 )
-                self.frames_forwarded += message.chunk.codes.num_frames
             elif kind == "done":
                 self.talker_done = message.done
                 break
@@ -189,7 +184,6 @@ class SynthesisPipeline:
             if kind == "pcm":
                 yield message.pcm
             elif kind == "done":
-                self.decode_done = message.done
                 await pump  # already finished: DecodeEnd is only sent after TalkerDone
                 return
 

@@ -26,20 +26,13 @@ from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
-from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving import handle_rpc_errors, resolve_request_id
 from tts_common.stage_main import add_model_arguments, env_default
+from tts_common.synthesis.validation import REFERENCE_ENCODINGS
 
 from .model.frontend import VoiceCloneFrontEnd
 
 logger = logging.getLogger(__name__)
-
-RAW_ENCODINGS = {
-    tts_pb2.REFERENCE_AUDIO_ENCODING_UNSPECIFIED: "file",
-    tts_pb2.REFERENCE_AUDIO_ENCODING_FILE: "file",
-    tts_pb2.REFERENCE_AUDIO_ENCODING_RAW_FLOAT32: "float32",
-    tts_pb2.REFERENCE_AUDIO_ENCODING_RAW_PCM16: "pcm16",
-}
 
 
 @dataclass
@@ -105,12 +98,12 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
 
     def _key(self, msg: stages_pb2.ReferenceAudio) -> str:
         h = hashlib.sha256(msg.audio)
-        h.update(f"|{RAW_ENCODINGS.get(msg.encoding, '?')}|{msg.sample_rate}".encode())
+        h.update(f"|{REFERENCE_ENCODINGS.get(msg.encoding, '?')}|{msg.sample_rate}".encode())
         return h.hexdigest()
 
     def _compute(self, msg: stages_pb2.ReferenceAudio, want_codes: bool) -> _Entry:
         assert self.frontend is not None
-        encoding = RAW_ENCODINGS.get(msg.encoding)
+        encoding = REFERENCE_ENCODINGS.get(msg.encoding)
         if encoding is None:
             raise InvalidRequestError(f"unknown reference audio encoding {msg.encoding}")
         try:

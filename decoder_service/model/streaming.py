@@ -31,6 +31,8 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from tts_common.chunking import CHUNK_GROWTH, DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_MAX_CHUNK_FRAMES
+
 from .decoder import OFFICIAL_CHUNK_SIZE, CodecDecoder
 from .primitives import State
 
@@ -52,9 +54,9 @@ class ChunkSchedule:
     chunk gives low first-audio latency; larger later chunks amortise per-forward overhead.
     """
 
-    first: int = 2
-    growth: float = 2.0
-    max: int = 25
+    first: int = DEFAULT_FIRST_CHUNK_FRAMES
+    growth: float = CHUNK_GROWTH
+    max: int = DEFAULT_MAX_CHUNK_FRAMES
 
     def __post_init__(self) -> None:
         if self.first < 1 or self.max < self.first:

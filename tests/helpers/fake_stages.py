@@ -351,6 +351,7 @@ class Harness:
     async def __aenter__(self) -> Harness:
         from gateway.config import GatewayConfig
         from gateway.server import GatewayServicer, build_gateway_server
+        from gateway.service import SynthesisService
         from tts_common.serving import ServerConfig, bound_port
 
         targets = {}
@@ -372,12 +373,13 @@ class Harness:
             speaker_targets=(targets["speaker"],) if self.with_speaker else (),
             **self.config_overrides,
         )
-        self.servicer = GatewayServicer.from_config(self.config)
+        self.service = SynthesisService.from_config(self.config)
+        self.servicer = GatewayServicer(self.service)
         self.server, self.health = build_gateway_server(
             ServerConfig(stage="gateway", host="127.0.0.1", port=0), self.servicer, self.config
         )
         await self.server.start()
-        await self.servicer.start()
+        await self.service.start()
         self.health.mark_ready()
         self.port = bound_port(self.server)
         if self.client_credentials is None:
@@ -390,7 +392,7 @@ class Harness:
     async def __aexit__(self, *exc: object) -> None:
         await self.channel.close()
         await self.server.stop(0)
-        await self.servicer.close()
+        await self.service.close()
         for server in self.fake_servers:
             await server.stop(0)
 

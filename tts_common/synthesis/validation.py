@@ -17,7 +17,7 @@ from typing import Literal
 import numpy as np
 
 from tts_common.audio import AudioError, AudioLimits, load_audio
-from tts_common.errors import InvalidRequestError
+from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
@@ -281,11 +281,12 @@ def plan_synthesis(
     )
 
 
-def check_speaker_embedding(size: int, expected: int, what: str = "speaker_embedding") -> None:
-    """A voice-clone x-vector must have the talker's hidden size."""
+def check_speaker_embedding(size: int, expected: int, source: str = "speaker_embedding") -> None:
+    """A voice-clone x-vector must have the talker's hidden size. FAILED_PRECONDITION: the voice
+    (registered, computed by a speaker stage, or sent) was made for a different model."""
     if expected and size != expected:
-        raise InvalidRequestError(
-            f"{what} has {size} values but the model needs {expected} (a voice made with a different model?)"
+        raise FailedPreconditionError(
+            f"{source} has {size} values but the talker's model needs {expected} (a voice made with a different model?)"
         )
 
 

@@ -107,7 +107,7 @@ def test_stream_order_metadata_and_pcm16_content() -> None:
             assert (meta2.sampling.seed, meta2.sampling.temperature) == (42, 0.5)
             assert h.talker.requests[-1].sampling.max_new_tokens == 4
             assert summary2.frames == 3 and summary2.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-            assert h.servicer.active_streams == 0
+            assert h.service.active_streams == 0
 
     run(main())
 
@@ -144,7 +144,7 @@ def test_metrics_and_model_info_refresh() -> None:
             calls = h.talker.model_info_calls
             await h.synthesize(request())
             assert h.talker.model_info_calls == calls
-            h.servicer.invalidate_model_info()
+            h.service.model_info.invalidate()
             await h.synthesize(request())
             assert h.talker.model_info_calls == calls + 1
 
@@ -228,10 +228,10 @@ def test_resource_exhausted_beyond_max_concurrent_streams() -> None:
             for call in calls:
                 call.cancel()
             for _ in range(100):  # slots come back once the handlers unwind
-                if h.servicer.active_streams == 0:
+                if h.service.active_streams == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert h.servicer.active_streams == 0
+            assert h.service.active_streams == 0
             h.talker.frames = 3
             await h.synthesize(request())
 
@@ -248,10 +248,10 @@ def test_client_cancel_and_deadline_stop_the_talker() -> None:
             await asyncio.wait_for(h.talker.stopped.wait(), 3)
             assert h.talker.cancel_messages + h.talker.rpc_cancelled >= 1
             for _ in range(100):
-                if h.servicer.active_streams == 0 and h.decoder.cancelled_calls:
+                if h.service.active_streams == 0 and h.decoder.cancelled_calls:
                     break
                 await asyncio.sleep(0.02)
-            assert h.servicer.active_streams == 0
+            assert h.service.active_streams == 0
             assert h.decoder.cancelled_calls == 1
 
             h.talker.stopped.clear()
@@ -336,7 +336,7 @@ def test_talker_process_killed_mid_stream_gives_unavailable() -> None:
                         break
                     await asyncio.sleep(0.02)
                 assert h.decoder.cancelled_calls == 1
-                assert h.servicer.active_streams == 0
+                assert h.service.active_streams == 0
 
         run(main())
     finally:

@@ -7,18 +7,13 @@ import grpc
 import numpy as np
 import pytest
 
-from gateway.validation import (
-    ABSOLUTE_MAX_NEW_TOKENS,
-    RequestLimits,
-    default_sampling,
-    effective_model_info,
-    resolve_sampling,
-    resolve_streaming,
-)
 from tests.helpers.fake_stages import Harness, expect_rpc_error, model_info, run
 from tts_common.audio import encode_audio_file
+from tts_common.chunking import resolve_chunking
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.synthesis import MAX_NEW_TOKENS_CAP
+from tts_common.synthesis.validation import default_sampling, effective_model_info, plan_sampling
 
 S = tts_pb2.SamplingOptions
 INVALID = grpc.StatusCode.INVALID_ARGUMENT
@@ -253,22 +248,21 @@ def test_clone_without_speaker_stage_is_failed_precondition() -> None:
 # Pure helpers
 
 
-def test_resolve_sampling_fills_every_field_and_draws_a_seed() -> None:
+def test_plan_sampling_fills_every_field_and_draws_a_seed() -> None:
     info = model_info("custom_voice").model
-    resolved = resolve_sampling(S(top_k=0, do_sample=False), info)
+    resolved, budget = plan_sampling(S(top_k=0, do_sample=False), info)
     assert resolved.top_k == 0 and resolved.do_sample is False
     assert resolved.temperature == pytest.approx(0.9)
-    assert not resolved.HasField("max_new_tokens")  # left to the talker's length guard
-    assert resolve_sampling(S(max_new_tokens=100), info).max_new_tokens == 100
-    assert resolved.HasField("seed") and 0 <= resolved.seed < 2**31
-    assert resolve_sampling(S(seed=2**64 - 1), info).seed == 2**64 - 1
-    seeds = {resolve_sampling(S(), info).seed for _ in range(5)}
+    assert budget is None  # left to the talker's length guard
+    assert plan_sampling(S(max_new_tokens=100), info)[1] == 100
+    assert resolved.seed is not None and 0 <= resolved.seed < 2**31
+    assert plan_sampling(S(seed=2**64 - 1), info)[0].seed == 2**64 - 1
+    seeds = {plan_sampling(S(), info)[0].seed for _ in range(5)}
     assert len(seeds) > 1
-    # a talker limit caps the default and bounds explicit values
+    # a talker limit bounds explicit values
     info.max_new_tokens_limit = 1000
-    assert default_sampling(info).max_new_tokens == 1000
     with pytest.raises(InvalidRequestError, match=r"\[2, 1000\]"):
-        resolve_sampling(S(max_new_tokens=1001), info)
+        plan_sampling(S(max_new_tokens=1001), info)
     # fields missing from the talker's defaults fall back to the built-in ones
     info.default_sampling.ClearField("top_k")
     assert default_sampling(info).top_k == 50
@@ -276,16 +270,14 @@ def test_resolve_sampling_fills_every_field_and_draws_a_seed() -> None:
     talker = model_info("custom_voice")
     assert effective_model_info(talker).max_new_tokens_limit == 4096
     talker.max_seq_len = 0
-    assert effective_model_info(talker).max_new_tokens_limit == ABSOLUTE_MAX_NEW_TOKENS
+    assert effective_model_info(talker).max_new_tokens_limit == MAX_NEW_TOKENS_CAP
     talker.model.max_new_tokens_limit = 500
     assert effective_model_info(talker).default_sampling.max_new_tokens == 500
 
 
-def test_resolve_streaming_defaults() -> None:
-    limits = RequestLimits(default_first_chunk_frames=2, default_max_chunk_frames=25)
-
+def test_resolve_chunking_defaults() -> None:
     def resolve(first: int, largest: int) -> tuple[int, int]:
-        return resolve_streaming(stream(first, largest), limits)
+        return resolve_chunking(first, largest, default_first=2, default_max=25)
 
     assert resolve(0, 0) == (2, 25)
     assert resolve(5, 0) == (5, 25)

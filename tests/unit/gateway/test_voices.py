@@ -73,7 +73,7 @@ def test_register_list_use_delete_voices(tmp_path: Path) -> None:
             assert reloaded.load() == 2
             stored = reloaded.get(icl.voice_id)
             assert stored.voice == icl and stored.ref_codes == ref_codes()
-            assert stored.speaker_embedding == h.servicer.voices.get(icl.voice_id).speaker_embedding
+            assert stored.speaker_embedding == h.service.voices.get(icl.voice_id).speaker_embedding
             assert json.loads((tmp_path / f"{xvec.voice_id}.json").read_text())["ref_codes"] is None
 
             # synthesis with the in-context voice: embedding, codes and transcript reused

@@ -33,7 +33,7 @@ from talker_service.model_info import engine_inputs, talker_info
 from tests.helpers.talker import generate
 from tts_common.codes import codes_to_proto
 from tts_common.config import CodePredictorConfig, TalkerConfig
-from tts_common.errors import InvalidRequestError
+from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis import SamplingParams
@@ -214,11 +214,6 @@ def _inputs(name: str, msg: stages_pb2.TalkerRequest):
         ),
         (
             "tiny_base",
-            {"speaker_embedding": [0.0] * 7},
-            "speaker_embedding has 7 values but the model needs 64",
-        ),
-        (
-            "tiny_base",
             {"speaker_embedding": [0.0] * H, "sampling": tts_pb2.SamplingOptions(temperature=0)},
             "temperature",
         ),
@@ -237,6 +232,13 @@ def _inputs(name: str, msg: stages_pb2.TalkerRequest):
 def test_invalid_talker_requests(name: str, fields: dict, match: str) -> None:
     with pytest.raises(InvalidRequestError, match=match):
         _inputs(name, _talker_request(**fields))
+
+
+def test_embedding_of_another_model_is_a_failed_precondition() -> None:
+    with pytest.raises(
+        FailedPreconditionError, match="speaker_embedding has 7 values but the talker's model needs 64"
+    ):
+        _inputs("tiny_base", _talker_request(speaker_embedding=[0.0] * 7))
 
 
 def test_talker_request_translation() -> None:
