@@ -31,15 +31,11 @@ from tts_common.errors import CapacityError, FailedPreconditionError, InvalidReq
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
-from tts_common.serving import (
-    REQUEST_ID_METADATA_KEY,
-    ServerConfig,
-    build_server,
-    channel_options,
-    handle_rpc_errors,
-    resolve_request_id,
-    service_name,
-)
+from tts_common.serving.config import ServerConfig
+from tts_common.serving.names import service_name
+from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY, resolve_request_id
+from tts_common.serving.rpc_errors import handle_rpc_errors
+from tts_common.serving.server import build_server, channel_options
 
 from .auth import ApiKeyInterceptor
 from .config import STAGE, GatewayConfig

@@ -351,7 +351,8 @@ class Harness:
     async def __aenter__(self) -> Harness:
         from gateway.config import GatewayConfig
         from gateway.server import GatewayServicer, build_gateway_server
-        from tts_common.serving import ServerConfig, bound_port
+        from tts_common.serving.config import ServerConfig
+        from tts_common.serving.server import bound_port
 
         targets = {}
         for name, add, fake in (
