@@ -13,7 +13,6 @@ sessions waiting at that moment with one forward of the decoder.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -32,26 +31,15 @@ from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
-from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import add_model_arguments, env_default
+from tts_common.serving.request_ids import resolve_request_id
+from tts_common.serving.rpc_errors import handle_rpc_errors
 
+from .config import DecoderConfig
 from .model.decoder import CodecDecoder
 from .model.loading import load_codec_decoder
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class DecoderConfig:
-    """Settings of the decoder stage."""
-
-    device: str = "cpu"
-    dtype: str = "float32"
-    max_streams: int = 64
-    """Concurrent Decode streams; more -> RESOURCE_EXHAUSTED."""
-    max_prefix_frames: int = 2000
-    """Longest voice-clone prefix accepted."""
 
 
 @dataclass
@@ -283,15 +271,3 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             device=self.config.device,
             dtype=self.config.dtype,
         )
-
-
-def add_decoder_arguments(parser: argparse.ArgumentParser) -> None:
-    def env(name: str, default: str) -> str:
-        return env_default("decoder", name, default)
-
-    add_model_arguments(parser, "decoder")
-    parser.add_argument("--max-streams", type=int, default=int(env("MAX_STREAMS", "64")))
-
-
-def decoder_config_from_args(args: argparse.Namespace) -> DecoderConfig:
-    return DecoderConfig(device=args.device, dtype=args.dtype, max_streams=args.max_streams)

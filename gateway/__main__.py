@@ -8,28 +8,25 @@ Example::
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 
 from tts_common.logging_setup import setup_logging
-from tts_common.serving import channel_options, parse_server_args, serve
+from tts_common.serving.lifecycle import serve
+from tts_common.serving.server import channel_options
 
-from .config import DEFAULT_PORT, STAGE, add_gateway_arguments, gateway_config_from_args
+from .config import FLAGS, STAGE, gateway_config_from_args
 from .server import SERVICE_NAME, GatewayServicer, server_setup
 from .service import SynthesisService
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(
-        prog="python -m gateway",
-        description="qwen3-tts gateway: public TextToSpeech API over the talker, decoder and speaker stages",
-    )
-    add_gateway_arguments(parser)
-    server_config, args = parse_server_args(argv, stage=STAGE, default_port=DEFAULT_PORT, parser=parser)
+    parser = FLAGS.parser()
+    args = parser.parse_args(argv)
     try:
         config = gateway_config_from_args(args)
     except ValueError as exc:
         parser.error(str(exc))
+    server_config = FLAGS.server_config(args)
     setup_logging(server_config.log_level, stage=STAGE)
 
     async def run() -> None:

@@ -14,16 +14,13 @@ from collections.abc import Iterable, Sequence
 import grpc
 
 from tts_common import metrics
-from tts_common.serving import HEALTH_SERVICE_NAME, REFLECTION_SERVICE_NAME, RefusingInterceptor
+from tts_common.serving.interceptors import RefusingInterceptor
+from tts_common.serving.names import PLUMBING_METHOD_PREFIXES
 
 logger = logging.getLogger(__name__)
 
-OPEN_METHOD_PREFIXES: tuple[str, ...] = (
-    f"/{HEALTH_SERVICE_NAME}/",
-    f"/{REFLECTION_SERVICE_NAME}/",
-    "/grpc.reflection.v1.ServerReflection/",
-)
-"""Methods callable without a key."""
+OPEN_METHOD_PREFIXES: tuple[str, ...] = PLUMBING_METHOD_PREFIXES
+"""Methods callable without a key (health and reflection)."""
 
 
 def _text(value: str | bytes) -> str:

@@ -12,7 +12,11 @@ import grpc
 
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
-from tts_common.serving import ServerConfig, build_server, handle_rpc_errors, resolve_request_id, service_name
+from tts_common.serving.config import ServerConfig
+from tts_common.serving.names import service_name
+from tts_common.serving.request_ids import resolve_request_id
+from tts_common.serving.rpc_errors import handle_rpc_errors
+from tts_common.serving.server import build_server
 
 from .auth import ApiKeyInterceptor
 from .config import STAGE, GatewayConfig

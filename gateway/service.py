@@ -27,7 +27,8 @@ from tts_common import metrics
 from tts_common.errors import CapacityError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving import REQUEST_ID_METADATA_KEY, channel_options
+from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
+from tts_common.serving.server import channel_options
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
     RequestLimits,

@@ -6,7 +6,6 @@ rate) in a bounded LRU, so registering or re-using the same reference is free.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import hashlib
 import logging
@@ -26,30 +25,14 @@ from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
-from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import add_model_arguments, env_default
+from tts_common.serving.request_ids import resolve_request_id
+from tts_common.serving.rpc_errors import handle_rpc_errors
 from tts_common.synthesis.validation import REFERENCE_ENCODINGS
 
+from .config import SpeakerConfig
 from .model.frontend import VoiceCloneFrontEnd
 
 logger = logging.getLogger(__name__)
-
-
-@dataclass
-class SpeakerConfig:
-    """Settings of the speaker stage."""
-
-    device: str = "cpu"
-    dtype: str = "float32"
-    cache_size: int = 256
-    """Reference embeddings kept (LRU)."""
-    max_audio_seconds: float = 60.0
-    """Longest reference accepted (longer -> INVALID_ARGUMENT)."""
-    max_concurrent: int = 4
-    """References handed to the compute thread at once (it runs them one after another); more
-    callers wait (bounded by max_waiting)."""
-    max_waiting: int = 64
-    """Callers allowed to wait for a compute slot; more -> RESOURCE_EXHAUSTED."""
 
 
 @dataclass
@@ -188,21 +171,3 @@ class SpeakerServicer(stages_pb2_grpc.SpeakerServicer):
             device=self.config.device,
             dtype=self.config.dtype,
         )
-
-
-def add_speaker_arguments(parser: argparse.ArgumentParser) -> None:
-    def env(name: str, default: str) -> str:
-        return env_default("speaker", name, default)
-
-    add_model_arguments(parser, "speaker")
-    parser.add_argument("--cache-size", type=int, default=int(env("CACHE_SIZE", "256")))
-    parser.add_argument("--max-audio-seconds", type=float, default=float(env("MAX_AUDIO_SECONDS", "60")))
-
-
-def speaker_config_from_args(args: argparse.Namespace) -> SpeakerConfig:
-    return SpeakerConfig(
-        device=args.device,
-        dtype=args.dtype,
-        cache_size=args.cache_size,
-        max_audio_seconds=args.max_audio_seconds,
-    )

@@ -9,7 +9,6 @@ full queue with RESOURCE_EXHAUSTED.
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import logging
 import time
@@ -25,8 +24,8 @@ from tts_common.errors import FailedPreconditionError, InvalidRequestError, Unav
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving import handle_rpc_errors, resolve_request_id
-from tts_common.stage_main import add_model_arguments, env_default
+from tts_common.serving.request_ids import resolve_request_id
+from tts_common.serving.rpc_errors import handle_rpc_errors
 
 from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from .model.loader import TalkerModel
@@ -194,46 +193,3 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     ) -> stages_pb2.TalkerInfo:
         _, _, info = self._require()
         return info
-
-
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Model and engine flags of the talker process (env ``QWEN3TTS_TALKER_*`` via serving)."""
-
-    def env(name: str, default: str) -> str:
-        return env_default("talker", name, default)
-
-    add_model_arguments(parser, "talker")
-    parser.add_argument(
-        "--max-slots", type=int, default=int(env("MAX_SLOTS", "16")), help="concurrent requests"
-    )
-    parser.add_argument(
-        "--max-seq-len", type=int, default=int(env("MAX_SEQ_LEN", "2048")), help="KV positions per slot"
-    )
-    parser.add_argument(
-        "--max-waiting", type=int, default=int(env("MAX_WAITING", "64")), help="queued requests"
-    )
-    parser.add_argument(
-        "--no-cuda-graphs", action="store_true", default=env("NO_CUDA_GRAPHS", "") not in ("", "0")
-    )
-
-
-def batch_buckets_for(max_slots: int) -> tuple[int, ...]:
-    """Powers of two up to ``max_slots``, plus ``max_slots``: one CUDA graph each."""
-    buckets = {max_slots}
-    b = 1
-    while b < max_slots:
-        buckets.add(b)
-        b *= 2
-    return tuple(sorted(buckets))
-
-
-def engine_config_from_args(args: argparse.Namespace) -> EngineConfig:
-    return EngineConfig(
-        batch_buckets=batch_buckets_for(args.max_slots),
-        max_slots=args.max_slots,
-        max_seq_len=args.max_seq_len,
-        max_waiting=args.max_waiting,
-        device=args.device,
-        dtype=args.dtype,
-        use_cuda_graphs=not args.no_cuda_graphs,
-    )

@@ -1,10 +1,11 @@
 """Exception types shared by every stage, each tied to the gRPC status code it is reported as.
 
 Raise these from request handling code (validation, lookups, admission control);
-``tts_common.serving.grpc_status_for`` / ``abort_for_exception`` turn them into gRPC statuses, so
-a client sees INVALID_ARGUMENT for a bad request instead of a generic INTERNAL error. This module
-deliberately does not import grpc: model and validation code can raise these without depending on
-the serving stack. The status is named by its ``grpc.StatusCode`` member name.
+``tts_common.serving.rpc_errors`` (``grpc_status_for`` / ``abort_for_exception``) turns them into
+gRPC statuses, so a client sees INVALID_ARGUMENT for a bad request instead of a generic INTERNAL
+error. This module deliberately does not import grpc: model and validation code can raise these
+without depending on the serving stack. The status is named by its ``grpc.StatusCode`` member
+name.
 """
 
 from __future__ import annotations

@@ -1,19 +1,67 @@
-"""The ``__main__`` of a model stage process (talker, decoder, speaker), written once."""
+"""The ``__main__`` of a model stage process (talker, decoder, speaker), written once, and the
+flags every model stage has (:class:`StageModelConfig`)."""
 
 from __future__ import annotations
 
 import argparse
 import asyncio
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any, Protocol
 
 import grpc
 
+from .flags import config_from_args, flag
 from .logging_setup import setup_logging
-from .serving import parse_server_args, serve, service_name
+from .serving.config import ProcessFlags
+from .serving.lifecycle import serve
+from .serving.names import service_name
 
 STAGE_DEFAULT_HOST = "127.0.0.1"
+"""Bind address default of the model stages: only the gateway is meant to be reachable from
+outside the host unless a deployment says otherwise (``--host`` / ``QWEN3TTS_<STAGE>_HOST``)."""
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a CUDA device, else ``cpu``."""
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+@dataclass(frozen=True)
+class StageModelConfig:
+    """The checkpoint a model stage loads and where it runs (flags of every model stage)."""
+
+    model: str = ""
+    """Checkpoint directory in the official layout (required)."""
+
+    device: str = field(default_factory=default_device)
+    """Torch device (default cuda when available, else cpu)."""
+
+    dtype: str = field(default="float32", metadata=flag(choices=("float32", "bfloat16")))
+    """Activation/weight dtype."""
+
+    threads: int = 0
+    """CPU threads for torch (0 = torch's default); set it when several stages share a CPU
+    host."""
+
+
+def stage_flags(
+    stage: str, default_port: int, description: str, config: tuple[str, type] | None = None
+) -> ProcessFlags:
+    """The command line of a model stage: :class:`StageModelConfig` ("model" flags), the
+    stage's own ``config`` dataclass (``(group title, class)``), then the server flags; stages
+    listen on :data:`STAGE_DEFAULT_HOST` by default."""
+    groups = [("model", StageModelConfig), *([config] if config is not None else [])]
+    return ProcessFlags(
+        stage=stage,
+        default_port=default_port,
+        groups=tuple(groups),
+        default_host=STAGE_DEFAULT_HOST,
+        description=description,
+    )
 
 
 class StageServicer(Protocol):
@@ -23,11 +71,8 @@ class StageServicer(Protocol):
 
 def run_stage_process(
     *,
-    stage: str,
-    description: str,
-    default_port: int,
-    add_arguments: Callable[[argparse.ArgumentParser], None],
-    build_servicer: Callable[[argparse.Namespace], StageServicer],
+    flags: ProcessFlags,
+    build_servicer: Callable[[StageModelConfig, argparse.Namespace], StageServicer],
     add_to_server: Callable[[Any, grpc.aio.Server], None],
     pb2_module: ModuleType,
     service: str,
@@ -35,24 +80,22 @@ def run_stage_process(
 ) -> None:
     """Parse flags, set up logging, serve until SIGTERM/SIGINT (then drain and exit 0).
 
-    ``--model`` (or ``QWEN3TTS_MODEL``) is required; the servicer's ``load()`` runs while health
-    says NOT_SERVING and its optional ``close()`` after the server stopped.
+    ``--model`` (or ``QWEN3TTS_MODEL``) is required; ``build_servicer(model_config, args)``
+    builds the servicer (its stage config from ``args``), whose ``load()`` runs while health says
+    NOT_SERVING and whose optional ``close()`` runs after the server stopped.
     """
-    parser = argparse.ArgumentParser(description=description)
-    add_arguments(parser)
-    # Stages listen on loopback unless told otherwise (--host / QWEN3TTS_<STAGE>_HOST): only the
-    # gateway is meant to be reachable from outside the host.
-    config, args = parse_server_args(
-        argv, stage=stage, default_port=default_port, parser=parser, default_host=STAGE_DEFAULT_HOST
-    )
-    if not getattr(args, "model", ""):
+    parser = flags.parser()
+    args = parser.parse_args(argv)
+    config = flags.server_config(args)
+    model = config_from_args(StageModelConfig, args)
+    if not model.model:
         parser.error("--model (or QWEN3TTS_MODEL) is required")
-    setup_logging(config.log_level, stage=stage)
-    if getattr(args, "threads", 0) > 0:
+    setup_logging(config.log_level, stage=flags.stage)
+    if model.threads > 0:
         import torch
 
-        torch.set_num_threads(args.threads)
-    servicer = build_servicer(args)
+        torch.set_num_threads(model.threads)
+    servicer = build_servicer(model, args)
 
     async def run() -> None:
         await serve(
@@ -64,39 +107,3 @@ def run_stage_process(
         )
 
     asyncio.run(run())
-
-
-def add_model_arguments(parser: argparse.ArgumentParser, stage: str) -> None:
-    """``--model``, ``--device``, ``--dtype`` of a model stage (env ``QWEN3TTS_[<STAGE>_]MODEL`` ...)."""
-    import torch
-
-    parser.add_argument(
-        "--model",
-        default=env_default(stage, "MODEL", ""),
-        help="checkpoint directory in the official layout (env QWEN3TTS_MODEL)",
-    )
-    parser.add_argument(
-        "--device",
-        default=env_default(stage, "DEVICE", "cuda" if torch.cuda.is_available() else "cpu"),
-        help="torch device (env QWEN3TTS_DEVICE)",
-    )
-    parser.add_argument(
-        "--dtype",
-        default=env_default(stage, "DTYPE", "float32"),
-        choices=["float32", "bfloat16"],
-        help="activation/weight dtype (env QWEN3TTS_DTYPE)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=int(env_default(stage, "THREADS", "0")),
-        help="CPU threads for torch (0 = torch's default); set it when several stages "
-        "share a CPU host (env QWEN3TTS_THREADS)",
-    )
-
-
-def env_default(stage: str, name: str, default: str) -> str:
-    """``QWEN3TTS_<STAGE>_<NAME>``, else ``QWEN3TTS_<NAME>``, else ``default``."""
-    import os
-
-    return os.environ.get(f"QWEN3TTS_{stage.upper()}_{name}", os.environ.get(f"QWEN3TTS_{name}", default))

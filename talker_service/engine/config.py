@@ -1,9 +1,11 @@
-"""Typed configuration of the talker engine."""
+"""Typed configuration of the talker engine (also the talker process's engine flags, see
+:mod:`talker_service.config`)."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
+from tts_common.flags import NOT_A_FLAG, flag
 from tts_common.synthesis import RUNAWAY_GUARD, RunawayGuard
 
 
@@ -17,17 +19,17 @@ class EngineConfig:
     """Talker KV positions per slot: prompt length plus frame budget must fit."""
     max_waiting: int = 64
     """Requests allowed to wait for a slot; more are refused (RESOURCE_EXHAUSTED)."""
-    batch_buckets: tuple[int, ...] = (1, 2, 4, 8, 16)
+    batch_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata=NOT_A_FLAG)
     """Batch sizes a decode step is padded to on CUDA (one captured graph each)."""
-    max_prefill_tokens_per_step: int = 256
+    max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    use_cuda_graphs: bool = True
+    use_cuda_graphs: bool = field(default=True, metadata=flag(name="--no-cuda-graphs", negate=True))
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
-    runaway_guard: RunawayGuard = RUNAWAY_GUARD
+    runaway_guard: RunawayGuard = field(default=RUNAWAY_GUARD, metadata=NOT_A_FLAG)
     """Frame budget of requests that leave max_new_tokens unset (capped to what fits a slot)."""
-    device: str = "cpu"
-    dtype: str = "float32"
+    device: str = field(default="cpu", metadata=NOT_A_FLAG)
+    dtype: str = field(default="float32", metadata=NOT_A_FLAG)
 
     def frames_that_fit(self, prompt_len: int) -> int:
         """Frames a slot holds after a prompt of ``prompt_len`` positions (one kept spare)."""

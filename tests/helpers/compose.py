@@ -17,18 +17,11 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-from unittest import mock
 
 import pytest
 import yaml
 
-from tts_common.serving import (
-    ServerConfig,
-    add_server_arguments,
-    config_from_args,
-    parse_server_args,
-)
-from tts_common.stage_main import STAGE_DEFAULT_HOST
+from tts_common.serving.config import ProcessFlags, ServerConfig
 
 REPO = Path(__file__).resolve().parents[2]
 DEPLOY = REPO / "deploy"
@@ -41,20 +34,20 @@ STAGE_MODULES = {
     "speaker_service": "speaker",
     "gateway": "gateway",
 }
-"""``python -m MODULE`` → the stage name the process passes to ``parse_server_args``."""
+"""``python -m MODULE`` → the stage name of the process (its ``FLAGS.stage``)."""
 DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
 """The processes' built-in default ports (their ``DEFAULT_PORT``)."""
 MODEL_STAGES = ("talker", "decoder", "speaker")
 MODEL_PATH = "/models/checkpoint"
 VOICES_PATH = "/var/lib/qwen3tts/voices"
 PROCESS_FLAGS = {
-    "talker": ("talker_service.server", "add_engine_arguments"),
-    "decoder": ("decoder_service.server", "add_decoder_arguments"),
-    "speaker": ("speaker_service.server", "add_speaker_arguments"),
-    "gateway": ("gateway.config", "add_gateway_arguments"),
+    "talker": "talker_service.config",
+    "decoder": "decoder_service.config",
+    "speaker": "speaker_service.config",
+    "gateway": "gateway.config",
 }
-"""Where each process's own flags are defined (added to the parser before the server flags, as
-its ``__main__`` does)."""
+"""The module defining each process's command line (its ``FLAGS``, a
+:class:`tts_common.serving.config.ProcessFlags`), which its ``__main__`` parses."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -371,17 +364,20 @@ def process_module(command: list[str]) -> str | None:
     return None
 
 
+def process_flags(stage: str) -> ProcessFlags:
+    """The real command line of the process of ``stage``."""
+    flags = importlib.import_module(PROCESS_FLAGS[stage]).FLAGS
+    assert flags.stage == stage and flags.default_port == DEFAULT_PORTS[stage], flags
+    return flags
+
+
 def server_config(stage: str, argv: list[str], env: Mapping[str, str]) -> ServerConfig:
     """The ServerConfig the process of ``stage`` will use for ``argv`` (its arguments after the
-    module) and environment ``env``, parsed by the servers' own flag code (process-specific flags
-    such as ``--model`` are ignored here)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    default_host = STAGE_DEFAULT_HOST if stage != "gateway" else None
-    add_server_arguments(
-        parser, stage=stage, default_port=DEFAULT_PORTS[stage], env=env, default_host=default_host
-    )
-    namespace, _unknown = parser.parse_known_args(argv)
-    return config_from_args(namespace)
+    module) and environment ``env``, parsed by the process's own parser (flags it does not know
+    are ignored here; :func:`process_args` rejects them)."""
+    flags = process_flags(stage)
+    namespace, _unknown = flags.parser(env, add_help=False).parse_known_args(argv)
+    return flags.server_config(namespace)
 
 
 def flag_value(argv: list[str], flag: str) -> str | None:
@@ -398,31 +394,13 @@ def flag_value(argv: list[str], flag: str) -> str | None:
 def process_args(stage: str, argv: list[str], env: Mapping[str, str]) -> argparse.Namespace:
     """Parse ``argv`` with the process's real parser (its own flags + the server flags) in
     environment ``env``, exactly as its ``__main__`` would; unknown or malformed flags fail the
-    test with argparse's message. Skips if the process is not importable yet."""
-    module_name, function = PROCESS_FLAGS[stage]
-    try:
-        add_arguments = getattr(importlib.import_module(module_name), function)
-    except (ImportError, AttributeError) as exc:
-        pytest.skip(f"{module_name}.{function} not available yet: {exc}")
+    test with argparse's message."""
     stderr = io.StringIO()
-    # The process flags read os.environ when they are defined.
-    with mock.patch.dict(os.environ, dict(env), clear=True), contextlib.redirect_stderr(stderr):
-        parser = argparse.ArgumentParser(prog=stage)
-        add_arguments(parser)
+    with contextlib.redirect_stderr(stderr):
         try:
-            # Model stages default to loopback (tts_common.stage_main); the gateway does not.
-            default_host = STAGE_DEFAULT_HOST if stage != "gateway" else None
-            _, namespace = parse_server_args(
-                argv,
-                stage=stage,
-                default_port=DEFAULT_PORTS[stage],
-                parser=parser,
-                env=env,
-                default_host=default_host,
-            )
+            return process_flags(stage).parser(env).parse_args(argv)
         except SystemExit:
             pytest.fail(f"{stage} rejects {argv}: {stderr.getvalue()}")
-    return namespace
 
 
 def service_process(service: dict[str, Any]) -> tuple[str, ServerConfig] | None:

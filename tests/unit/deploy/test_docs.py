@@ -11,17 +11,16 @@
 
 from __future__ import annotations
 
-import argparse
 import re
 from pathlib import Path
 
 import pytest
 
+from tests.helpers.compose import process_flags
 from tts_common import metrics
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving import _FLAGS as SERVER_FLAGS
-from tts_common.serving import env_names, service_name
+from tts_common.serving.names import service_name
 
 REPO = Path(__file__).resolve().parents[3]
 DEPLOY = REPO / "deploy"
@@ -127,31 +126,12 @@ def test_slots_per_gpu_table() -> None:
 
 
 def _process_variables() -> set[str]:
-    """Every QWEN3TTS_* variable some process reads (server flags, each process's own flags)."""
-    names: set[str] = set()
-    stages = ("gateway", "talker", "decoder", "speaker")
-    for stage in stages:
-        for field, _flag, _type, _help, independent in SERVER_FLAGS:
-            names.update(env_names(stage, field, stage_independent=independent))
-    modules = {
-        "talker": ("talker_service.server", "add_engine_arguments"),
-        "decoder": ("decoder_service.server", "add_decoder_arguments"),
-        "speaker": ("speaker_service.server", "add_speaker_arguments"),
-        "gateway": ("gateway.config", "add_gateway_arguments"),
+    """Every QWEN3TTS_* variable some process reads (its own flags and the server flags)."""
+    return {
+        name
+        for stage in ("gateway", "talker", "decoder", "speaker")
+        for name in process_flags(stage).env_names()
     }
-    import importlib
-
-    for stage, (module, function) in modules.items():
-        try:
-            add = getattr(importlib.import_module(module), function)
-        except (ImportError, AttributeError):
-            pytest.skip(f"{module}.{function} not available")
-        parser = argparse.ArgumentParser()
-        add(parser)
-        for action in parser._actions:
-            if action.dest != "help":
-                names.update(env_names(stage, action.dest))
-    return names
 
 
 def test_documented_variables_exist() -> None:

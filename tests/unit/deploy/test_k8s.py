@@ -7,14 +7,13 @@ a reason where the package is not installed; the structural checks below run reg
 
 Consistency: each container's gRPC/metrics ports and grace period are computed from its ``args``
 plus the ConfigMap/``env`` variables by the servers' own flag code
-(``tts_common.serving.add_server_arguments``), then compared with containerPorts, probes,
+(each process's ``FLAGS``, :class:`tts_common.serving.config.ProcessFlags`), then compared with containerPorts, probes,
 Services, Prometheus annotations, the gateway's ``dns:///`` targets and terminationGracePeriod.
 Probe service names are the fully-qualified names from the generated protobuf descriptors.
 """
 
 from __future__ import annotations
 
-import argparse
 import re
 import subprocess
 from collections.abc import Iterator
@@ -29,8 +28,8 @@ from tests.helpers import compose
 from tests.helpers.tools import find_tool
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving import ServerConfig, add_server_arguments, config_from_args, service_name
-from tts_common.stage_main import STAGE_DEFAULT_HOST
+from tts_common.serving.config import ServerConfig
+from tts_common.serving.names import service_name
 
 REPO = Path(__file__).resolve().parents[3]
 K8S = REPO / "deploy" / "k8s"
@@ -93,18 +92,8 @@ def container_env(pod_spec: dict[str, Any]) -> dict[str, str]:
 
 
 def server_config(stage: str, argv: list[str], env: dict[str, str]) -> ServerConfig:
-    """The ServerConfig the stage process derives from ``argv`` and ``env`` (stages default to
-    loopback, like ``tts_common.stage_main``)."""
-    parser = argparse.ArgumentParser(add_help=False, allow_abbrev=False)
-    add_server_arguments(
-        parser,
-        stage=stage,
-        default_port=DEFAULT_PORTS[stage],
-        env=env,
-        default_host=STAGE_DEFAULT_HOST if stage != "gateway" else None,
-    )
-    namespace, _unknown = parser.parse_known_args(argv)
-    return config_from_args(namespace)
+    """The ServerConfig the stage process derives from ``argv`` and ``env`` (its real parser)."""
+    return compose.server_config(stage, argv, env)
 
 
 def deployment_stage(deployment: dict[str, Any]) -> tuple[str, list[str]]:

@@ -3,7 +3,6 @@ streaming resampler."""
 
 from __future__ import annotations
 
-import argparse
 import asyncio
 import io
 
@@ -13,19 +12,17 @@ import pytest
 import soundfile as sf
 
 from gateway.__main__ import main as gateway_main
-from gateway.config import GatewayConfig, add_gateway_arguments, gateway_config_from_args, parse_targets
+from gateway.config import FLAGS, GatewayConfig, gateway_config_from_args
 from gateway.encoding import AudioOutput, StreamResampler, WavEncoder, create_encoder
 from gateway.routing import StageClient, is_target_uri
 from tts_common.audio import resample
+from tts_common.chunking import MAX_CHUNK_FRAMES
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving import parse_server_args
 
 
 def _parse(argv: list[str], env: dict[str, str] | None = None) -> GatewayConfig:
-    parser = argparse.ArgumentParser()
-    add_gateway_arguments(parser, env=env or {})
-    _, args = parse_server_args(argv, stage="gateway", default_port=50051, parser=parser, env=env or {})
+    _, args = FLAGS.parse(argv, env=env or {})
     return gateway_config_from_args(args)
 
 
@@ -85,9 +82,22 @@ def test_main_reports_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:
     assert "--talker-targets" in capsys.readouterr().err
 
 
+def test_chunk_defaults_are_capped_and_positive() -> None:
+    targets = ["--talker-targets", "t:1", "--decoder-targets", "d:1"]
+    config = _parse([*targets, "--default-first-chunk-frames", "500", "--default-max-chunk-frames", "101"])
+    assert config.default_first_chunk_frames == config.default_max_chunk_frames == MAX_CHUNK_FRAMES
+    assert _parse([*targets, "--default-max-chunk-frames", "100"]).default_max_chunk_frames == 100
+    with pytest.raises(SystemExit):
+        _parse([*targets, "--default-first-chunk-frames", "0"])
+    with pytest.raises(SystemExit):
+        _parse(targets, {"QWEN3TTS_GATEWAY_MAX_REF_AUDIO_SECONDS": "nan"})
+
+
 def test_parse_targets_and_uris() -> None:
-    assert parse_targets(" a:1 ,, b:2 ") == ("a:1", "b:2")
-    assert parse_targets(None) == ()
+    config = _parse(
+        ["--talker-targets", " a:1 ,, b:2 ", "--decoder-targets", "d:1", "--speaker-targets", " , "]
+    )
+    assert config.talker_targets == ("a:1", "b:2") and config.speaker_targets == ()
     assert is_target_uri("dns:///talker:50052") and is_target_uri("unix:///tmp/s")
     assert not is_target_uri("talker:50052") and not is_target_uri("[::1]:5")
 

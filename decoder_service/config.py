@@ -1,0 +1,44 @@
+"""The decoder process's settings (:class:`DecoderConfig`) and command line: the model-stage
+flags, ``--max-streams`` and the server flags."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from tts_common.flags import NOT_A_FLAG, config_from_args
+from tts_common.stage_main import StageModelConfig, stage_flags
+
+STAGE = "decoder"
+DEFAULT_PORT = 50053
+
+
+@dataclass
+class DecoderConfig:
+    """Settings of the decoder stage."""
+
+    device: str = field(default="cpu", metadata=NOT_A_FLAG)
+    """Torch device (the model stage's ``--device``)."""
+    dtype: str = field(default="float32", metadata=NOT_A_FLAG)
+    """Torch dtype name (the model stage's ``--dtype``)."""
+    max_streams: int = 64
+    """Concurrent Decode streams; more -> RESOURCE_EXHAUSTED."""
+    max_prefix_frames: int = field(default=2000, metadata=NOT_A_FLAG)
+    """Longest voice-clone prefix accepted."""
+
+
+FLAGS = stage_flags(
+    STAGE,
+    DEFAULT_PORT,
+    "qwen3-tts decoder stage (codec frames -> 24 kHz audio, seamless streaming)",
+    ("decoder", DecoderConfig),
+)
+
+
+def decoder_config_from_args(model: StageModelConfig, args: argparse.Namespace) -> DecoderConfig:
+    """The :class:`DecoderConfig` of a namespace parsed by ``FLAGS`` (device and dtype from the
+    model flags)."""
+    return config_from_args(DecoderConfig, args, device=model.device, dtype=model.dtype)
+
+
+__all__ = ["DEFAULT_PORT", "FLAGS", "STAGE", "DecoderConfig", "decoder_config_from_args"]

@@ -1,0 +1,111 @@
+"""``grpc.health.v1.Health`` of a server: :class:`ServingHealth` holds the overall status and one
+status per served service; they start NOT_SERVING and flip to SERVING on
+:meth:`ServingHealth.mark_ready`."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterable
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from tts_common import metrics
+
+
+class _HealthServicer(health_pb2_grpc.HealthServicer):
+    """``grpc.health.v1.Health`` for grpc.aio with synchronous setters.
+
+    (grpc_health's own aio servicer only has ``async`` setters, which cannot be called while
+    building a server outside a coroutine.) Statuses change on the event loop thread; watchers
+    wait on an event that is replaced on every change.
+    """
+
+    def __init__(self) -> None:
+        self._status: dict[str, int] = {}
+        self._changed = asyncio.Event()
+
+    def get(self, service: str) -> int | None:
+        return self._status.get(service)
+
+    def set(self, service: str, status: int) -> None:
+        if self._status.get(service) == status:
+            return
+        self._status[service] = status
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
+
+    async def Check(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> health_pb2.HealthCheckResponse:
+        status = self._status.get(request.service)
+        if status is None:
+            await context.abort(grpc.StatusCode.NOT_FOUND, f"unknown service {request.service!r}")
+        return health_pb2.HealthCheckResponse(status=status)
+
+    async def Watch(
+        self, request: health_pb2.HealthCheckRequest, context: grpc.aio.ServicerContext
+    ) -> AsyncIterator[health_pb2.HealthCheckResponse]:
+        last: int | None = None
+        while True:
+            changed = self._changed  # taken before reading, so no update can be missed
+            status = self._status.get(request.service, health_pb2.HealthCheckResponse.SERVICE_UNKNOWN)
+            if status != last:
+                last = status
+                yield health_pb2.HealthCheckResponse(status=status)
+            await changed.wait()
+
+
+class ServingHealth:
+    """Health state of one server: the overall status (service ``""``) and one status per
+    served service. Methods must be called on the event loop's thread (from another thread use
+    ``loop.call_soon_threadsafe(health.mark_ready)``)."""
+
+    SERVING = health_pb2.HealthCheckResponse.SERVING
+    NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
+
+    def __init__(self, service_names: Iterable[str], *, stage: str = "", ready: bool = False) -> None:
+        self.servicer = _HealthServicer()
+        """The ``grpc.health.v1.Health`` servicer to add to the server."""
+        self.service_names: tuple[str, ...] = ("", *service_names)
+        self._stage = stage
+        self._shutting_down = False
+        self._set_all(ready)
+
+    def _set_all(self, serving: bool) -> None:
+        status = self.SERVING if serving else self.NOT_SERVING
+        for name in self.service_names:
+            self.servicer.set(name, status)
+        if self._stage:
+            metrics.READY.labels(stage=self._stage).set(1 if serving else 0)
+
+    @property
+    def ready(self) -> bool:
+        """Whether the overall status is SERVING."""
+        return self.servicer.get("") == self.SERVING
+
+    @property
+    def shutting_down(self) -> bool:
+        return self._shutting_down
+
+    def status(self, service: str = "") -> int | None:
+        """The current status of ``service`` (None if unknown)."""
+        return self.servicer.get(service)
+
+    def mark_ready(self) -> None:
+        """Report SERVING for the server and every service (ignored once shutting down)."""
+        if not self._shutting_down:
+            self._set_all(True)
+
+    def mark_not_serving(self) -> None:
+        """Report NOT_SERVING (e.g. lost a downstream stage); :meth:`mark_ready` undoes it."""
+        if not self._shutting_down:
+            self._set_all(False)
+
+    def enter_graceful_shutdown(self) -> None:
+        """Report NOT_SERVING permanently (later :meth:`mark_ready` calls are ignored)."""
+        self._set_all(False)
+        self._shutting_down = True
+
+
+__all__ = ["ServingHealth"]

@@ -1,0 +1,128 @@
+"""Exceptions to gRPC statuses: :func:`grpc_status_for` (the project errors by the status their
+class declares in :mod:`tts_common.errors`), :func:`abort_for_exception` and the servicer method
+decorator :func:`handle_rpc_errors` (which also counts final statuses)."""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import logging
+from collections.abc import AsyncIterator, Callable
+from typing import Any, NoReturn, TypeVar
+
+import grpc
+
+from tts_common import metrics
+from tts_common.errors import TTSError
+
+logger = logging.getLogger(__name__)
+
+
+def grpc_status_for(exc: BaseException) -> grpc.StatusCode:
+    """The status code an exception is reported as: the project errors by their declared code,
+    a downstream stage's error by its code, timeouts as DEADLINE_EXCEEDED, cancellation as
+    CANCELLED, NotImplementedError as UNIMPLEMENTED, anything else INTERNAL."""
+    if isinstance(exc, TTSError):
+        return grpc.StatusCode[exc.grpc_status]
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.code()
+    if isinstance(exc, asyncio.CancelledError):
+        return grpc.StatusCode.CANCELLED
+    if isinstance(exc, TimeoutError):  # asyncio.TimeoutError is TimeoutError since 3.11
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, asyncio.TimeoutError):
+        return grpc.StatusCode.DEADLINE_EXCEEDED
+    if isinstance(exc, NotImplementedError):
+        return grpc.StatusCode.UNIMPLEMENTED
+    return grpc.StatusCode.INTERNAL
+
+
+def _details_for(exc: BaseException, code: grpc.StatusCode) -> str:
+    if isinstance(exc, grpc.aio.AioRpcError):
+        return exc.details() or code.name
+    text = str(exc) or type(exc).__name__
+    return f"internal error: {type(exc).__name__}: {text}" if code is grpc.StatusCode.INTERNAL else text
+
+
+async def abort_for_exception(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
+    """Log ``exc`` (with traceback if it is an internal error) and fail the RPC with the
+    matching status (:func:`grpc_status_for`). Never returns."""
+    code = grpc_status_for(exc)
+    details = _details_for(exc, code)
+    if code is grpc.StatusCode.INTERNAL:
+        logger.error("RPC failed: %s", details, exc_info=exc)
+    else:
+        logger.info("RPC failed: %s: %s", code.name, details)
+    await context.abort(code, details)
+    raise AssertionError("unreachable")  # context.abort always raises
+
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+def handle_rpc_errors(func: _F | None = None, *, stage: str | None = None) -> Any:
+    """Decorator for servicer methods (``async def`` or ``async def`` generators): exceptions
+    become gRPC statuses via :func:`abort_for_exception`. With ``stage``, the final status of
+    every call is counted in ``qwen3tts_requests_total{stage, status}``. Usable bare
+    (``@handle_rpc_errors``) or with arguments (``@handle_rpc_errors(stage="talker")``)."""
+
+    def count(status: str) -> None:
+        if stage:
+            metrics.REQUESTS.labels(stage=stage, status=status).inc()
+
+    def decorate(fn: _F) -> _F:
+        if inspect.isasyncgenfunction(fn):
+
+            @functools.wraps(fn)
+            async def gen_wrapper(
+                self: Any, request: Any, context: grpc.aio.ServicerContext, *args: Any, **kwargs: Any
+            ) -> AsyncIterator[Any]:
+                try:
+                    async for item in fn(self, request, context, *args, **kwargs):
+                        yield item
+                except grpc.aio.AbortError:
+                    count(_abort_status(context))
+                    raise
+                except (asyncio.CancelledError, GeneratorExit):
+                    count(grpc.StatusCode.CANCELLED.name)
+                    raise
+                except Exception as exc:  # noqa: BLE001 - mapped to a status
+                    count(grpc_status_for(exc).name)
+                    await abort_for_exception(context, exc)
+                else:
+                    count(grpc.StatusCode.OK.name)
+
+            return gen_wrapper  # type: ignore[return-value]
+
+        @functools.wraps(fn)
+        async def wrapper(
+            self: Any, request: Any, context: grpc.aio.ServicerContext, *args: Any, **kwargs: Any
+        ) -> Any:
+            try:
+                result = await fn(self, request, context, *args, **kwargs)
+            except grpc.aio.AbortError:
+                count(_abort_status(context))
+                raise
+            except asyncio.CancelledError:
+                count(grpc.StatusCode.CANCELLED.name)
+                raise
+            except Exception as exc:  # noqa: BLE001 - mapped to a status
+                count(grpc_status_for(exc).name)
+                await abort_for_exception(context, exc)
+            count(grpc.StatusCode.OK.name)
+            return result
+
+        return wrapper  # type: ignore[return-value]
+
+    return decorate(func) if func is not None else decorate
+
+
+def _abort_status(context: grpc.aio.ServicerContext) -> str:
+    code = context.code()
+    if isinstance(code, grpc.StatusCode):
+        return code.name
+    return grpc.StatusCode.UNKNOWN.name
+
+
+__all__ = ["abort_for_exception", "grpc_status_for", "handle_rpc_errors"]
