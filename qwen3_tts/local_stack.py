@@ -125,14 +125,17 @@ def is_serving(address: str, timeout: float = 1.0) -> bool:
         return False
 
 
-def wait_until_serving(stages: list[StageProcess], timeout: float) -> None:
-    """Block until every stage reports SERVING; raise if one exits or the timeout passes."""
+def wait_until_serving(stages: list[StageProcess], timeout: float, stop: StopRequest | None = None) -> None:
+    """Block until every stage reports SERVING (or ``stop`` is requested); raise if one exits or
+    the timeout passes."""
     deadline = time.monotonic() + timeout
     pending = list(stages)
-    while pending:
+    while pending and not (stop and stop.requested):
         for stage in list(pending):
             assert stage.process is not None
             if stage.process.poll() is not None:
+                if stop is not None and stop.settle():
+                    return
                 raise RuntimeError(
                     f"{stage.name} exited with code {stage.process.returncode} during start-up"
                 )
@@ -143,8 +146,47 @@ def wait_until_serving(stages: list[StageProcess], timeout: float) -> None:
         time.sleep(0.2)
 
 
-def stop_all(stages: list[StageProcess], grace: float = 30.0) -> None:
-    """SIGTERM every child (gateway first so it drains), then wait; SIGKILL stragglers."""
+class StopRequest:
+    """SIGINT / SIGTERM of the stack's parent: a stop the user asked for (exit 0, not an error).
+
+    A Ctrl-C in a terminal reaches every process of the foreground group, the children included:
+    they begin their own graceful shutdown at the same moment, so a child exiting is expected
+    then, and the parent gives them a moment before it sends its own SIGTERM (a second signal
+    would make them cancel in-flight calls instead of draining).
+    """
+
+    SETTLE_SECONDS = 1.0
+
+    def __init__(self) -> None:
+        self.signal: signal.Signals | None = None
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(sig, self._handle)
+
+    def _handle(self, signum: int, frame: object) -> None:
+        self.signal = signal.Signals(signum)
+
+    @property
+    def requested(self) -> bool:
+        return self.signal is not None
+
+    def settle(self) -> bool:
+        """After a child exited: whether that was part of a requested stop (waits briefly for
+        the parent's signal, which can arrive just after the child's)."""
+        deadline = time.monotonic() + self.SETTLE_SECONDS
+        while not self.requested and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return self.requested
+
+
+def stop_all(stages: list[StageProcess], grace: float = 30.0, already_signalled: bool = False) -> None:
+    """SIGTERM every child (gateway first so it drains), then wait; SIGKILL stragglers.
+
+    ``already_signalled``: the children got the same signal (a terminal's Ctrl-C): give them a
+    moment to exit by themselves before the SIGTERM."""
+    if already_signalled:
+        deadline = time.monotonic() + StopRequest.SETTLE_SECONDS
+        while time.monotonic() < deadline and any(s.process and s.process.poll() is None for s in stages):
+            time.sleep(0.05)
     for stage in reversed(stages):
         if stage.process is not None and stage.process.poll() is None:
             stage.process.send_signal(signal.SIGTERM)
@@ -170,34 +212,28 @@ def run_local_stack(args: argparse.Namespace) -> int:
         make_dev_model(model, args.dev_model_type, if_missing=True)
     stages = stage_commands(model.resolve(), args.host, args.port, args.base_port, args.device, args.metrics)
     env = os.environ.copy()
-    stop = {"requested": False}
-
-    def request_stop(signum: int, frame: object) -> None:
-        stop["requested"] = True
-
-    signal.signal(signal.SIGTERM, request_stop)
+    stop = StopRequest()
     try:
         for stage in stages:
             stage.process = subprocess.Popen(stage.args, env=env)
-        wait_until_serving(stages, timeout=600)
-        print(
-            f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})\n"
-            f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
-            f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
-            "Ctrl-C stops it.",
-            flush=True,
-        )
-        while not stop["requested"]:
+        wait_until_serving(stages, timeout=600, stop=stop)
+        if not stop.requested:
+            print(
+                f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})\n"
+                f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
+                f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
+                "Ctrl-C stops it.",
+                flush=True,
+            )
+        while not stop.requested:
             for stage in stages:
                 assert stage.process is not None
-                if stage.process.poll() is not None:
+                if stage.process.poll() is not None and not stop.settle():
                     print(
                         f"{stage.name} exited with code {stage.process.returncode}; stopping", file=sys.stderr
                     )
                     return 1
             time.sleep(0.5)
         return 0
-    except KeyboardInterrupt:
-        return 0
     finally:
-        stop_all(stages)
+        stop_all(stages, already_signalled=stop.signal is signal.SIGINT)

@@ -252,10 +252,21 @@ encodings = st.sampled_from(list(tts_pb2.AudioEncoding.values()) + [99])
 optional_float = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True, width=32))
 
 
+REQUEST_IDS = st.one_of(
+    st.text(max_size=8),
+    st.text(alphabet="abcXYZ019._-:/@+=~", min_size=120, max_size=140),  # around the length limit
+    st.sampled_from(["a\nb", "x" * 10_000, "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01"]),
+)
+METADATA_IDS = st.one_of(  # what a gRPC client can send: printable ASCII
+    st.text(alphabet=st.characters(min_codepoint=0x20, max_codepoint=0x7E), max_size=12),
+    st.sampled_from(["id with spaces", "y" * 10_000]),
+)
+
+
 @st.composite
 def requests(draw):
     req = tts_pb2.SynthesizeRequest(
-        request_id=draw(st.text(max_size=8)),
+        request_id=draw(REQUEST_IDS),
         text=draw(st.one_of(st.text(max_size=40), st.sampled_from(["Hello.", "你好。", " "]))),
         language=draw(
             st.one_of(
@@ -298,13 +309,14 @@ def requests(draw):
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
-@given(request=requests())
-def test_property_requests_never_internal_never_hang(stack, request):
+@given(request=requests(), metadata_id=st.one_of(st.none(), METADATA_IDS))
+def test_property_requests_never_internal_never_hang(stack, request, metadata_id):
+    metadata = None if metadata_id is None else [("x-request-id", metadata_id)]
     with grpc.insecure_channel(stack.address("gateway")) as ch:
         stub = tts_pb2_grpc.TextToSpeechStub(ch)
         t0 = time.monotonic()
         try:
-            list(stub.Synthesize(request, timeout=30))
+            list(stub.Synthesize(request, timeout=30, metadata=metadata))
             code, details = grpc.StatusCode.OK, ""
         except grpc.RpcError as exc:
             code, details = exc.code(), exc.details()
@@ -316,3 +328,16 @@ def test_property_requests_never_internal_never_hang(stack, request):
         assert time.monotonic() - t0 < 30
         if code != grpc.StatusCode.OK:
             assert details, (code, request)
+        client_id = request.request_id or (metadata_id or "")
+        if client_id and not _acceptable_request_id(client_id):
+            assert (
+                code == grpc.StatusCode.INVALID_ARGUMENT
+                and "request_id" in details
+                or "x-request-id" in details
+            )
+
+
+def _acceptable_request_id(value: str) -> bool:
+    """The documented rule, written out independently of the server's check."""
+    allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789._-:/@+=~")
+    return len(value) <= 128 and all(c in allowed for c in value)
