@@ -22,7 +22,12 @@ from speaker_service.model.codec_encoder import CodecEncoder
 from speaker_service.model.speaker_encoder import SpeakerEncoder
 from talker_service.model.talker import Talker
 from tts_common.config import Qwen3TTSConfig, SpeechTokenizerConfig
-from tts_common.release_dims import encoder_config_dict, talker_config_dict
+from tts_common.release_dims import (
+    decoder_config_dict,
+    encoder_config_dict,
+    speech_tokenizer_config_dict,
+    talker_config_dict,
+)
 
 ASSETS = Path(__file__).parent / "dev_assets"
 MODEL_TYPES = ("custom_voice", "base", "voice_design")
@@ -110,8 +115,8 @@ def dev_speech_tokenizer_config() -> dict[str, Any]:
         "intermediate_size": 64,
         "upsample_groups": 32,
     }
-    decoder = {
-        "codebook_size": 2048,
+    # The release decoder with small widths (the same 1920x upsampling chain and window).
+    decoder = decoder_config_dict() | {
         "codebook_dim": 32,
         "hidden_size": 32,
         "intermediate_size": 64,
@@ -121,27 +126,9 @@ def dev_speech_tokenizer_config() -> dict[str, Any]:
         "num_hidden_layers": 1,
         "latent_dim": 32,
         "decoder_dim": 64,
-        "sliding_window": 72,
-        "rms_norm_eps": 1e-5,
-        "rope_theta": 10000,
-        "max_position_embeddings": 8000,
-        "layer_scale_initial_scale": 0.01,
-        "num_quantizers": 16,
-        "upsample_rates": [8, 5, 4, 3],
-        "upsampling_ratios": [2, 2],
-        "hidden_act": "silu",
+        "vector_quantization_hidden_dimension": 16,
     }
-    return {
-        "architectures": ["Qwen3TTSTokenizerV2Model"],
-        "model_type": "qwen3_tts_tokenizer_12hz",
-        "encoder_valid_num_quantizers": 16,
-        "input_sample_rate": 24000,
-        "output_sample_rate": 24000,
-        "decode_upsample_rate": 1920,
-        "encode_downsample_rate": 1920,
-        "encoder_config": encoder,
-        "decoder_config": decoder,
-    }
+    return speech_tokenizer_config_dict() | {"encoder_config": encoder, "decoder_config": decoder}
 
 
 def _init_like_release(module: torch.nn.Module, std: float = 0.02) -> None:
