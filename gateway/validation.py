@@ -24,7 +24,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from .config import MAX_CHUNK_FRAMES_LIMIT
-from .encoding import NATIVE_SAMPLE_RATE, check_output_format
+from .encoding import NATIVE_SAMPLE_RATE, check_output_format, default_sample_rate
 
 ABSOLUTE_MAX_NEW_TOKENS = 32768
 """Cap on SamplingOptions.max_new_tokens when the talker reports neither a limit nor its slot
@@ -312,9 +312,10 @@ def effective_model_info(talker: stages_pb2.TalkerInfo) -> tts_pb2.ModelInfo:
 
 
 def resolve_output(output: tts_pb2.AudioFormat, info: tts_pb2.ModelInfo) -> tuple[int, int]:
-    """(encoding, sample_rate) with UNSPECIFIED -> PCM16 and 0 -> the native rate."""
+    """(encoding, sample_rate) with UNSPECIFIED -> PCM16 and 0 -> the native rate (8000 Hz for
+    the G.711 encodings)."""
     encoding = output.encoding or tts_pb2.AUDIO_ENCODING_PCM16
-    sample_rate = output.sample_rate or info.sample_rate or NATIVE_SAMPLE_RATE
+    sample_rate = output.sample_rate or default_sample_rate(encoding, info.sample_rate or NATIVE_SAMPLE_RATE)
     check_output_format(encoding, sample_rate)
     return encoding, sample_rate
 
