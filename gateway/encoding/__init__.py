@@ -4,23 +4,26 @@ Per request an :class:`AudioOutput` runs time-scale (``speed``, :mod:`.tempo`) -
 (:mod:`.resample`) -> encode. Whether each encoding streams (bytes leave with the chunk that
 produced them) and what the last chunk adds:
 
-========== ======================= ===================================================== =========
-encoding   library                 streaming                                             CPU
-========== ======================= ===================================================== =========
-PCM16      numpy                   exact: every chunk independently usable               trivial
-FLOAT32    numpy                   exact                                                 trivial
-WAV        numpy                   exact; 44-byte header (unknown length) in front       trivial
-MULAW/ALAW numpy (G.711)           exact; one byte per sample; 8 kHz when rate is 0     trivial
-MP3        FFmpeg libmp3lame       whole MP3 frames per chunk; the last frames at finish thread
-AAC        FFmpeg aac              ADTS frames per chunk; the encoder's look-ahead at end thread
-OGG_OPUS   FFmpeg libopus + Ogg    one Ogg page per chunk (headers first); rest at end   thread
-OGG_VORBIS libsndfile (libvorbis)  by ~4 KB Ogg page: most chunks empty                  thread
-FLAC       libsndfile (libFLAC)    buffered: the whole file in the last chunk            thread
-========== ======================= ===================================================== =========
+=========== ========================== =============================================== =====
+encoding    library                    streaming                                       CPU
+=========== ========================== =============================================== =====
+PCM16       numpy                      exact: every chunk usable on its own            0.06
+FLOAT32     numpy                      exact                                           0.01
+WAV         numpy                      exact; header (unknown length) in front         0.06
+MULAW/ALAW  numpy (G.711)              exact; one byte a sample; 8 kHz when rate is 0  0.6
+MP3         FFmpeg libmp3lame          MP3 frames per chunk; the rest at finish()      17
+AAC         FFmpeg aac                 ADTS frames per chunk; the rest at finish()     8
+OGG_OPUS    FFmpeg libopus + .ogg      one Ogg page per chunk (headers first)          7
+OGG_VORBIS  libsndfile (libvorbis)     by ~4 KB Ogg page: most chunks carry nothing    4
+FLAC        libsndfile (libFLAC)       buffered: the whole file in the last chunk      0.7
+=========== ========================== =============================================== =====
 
-The concatenation of all chunks' bytes is always one complete file or stream. "thread" encoders
-set ``blocking`` so the gateway runs them off the event loop (see :mod:`.ffmpeg` and
-:mod:`.sndfile` for the codec details and the reasons behind the FLAC and Vorbis choices).
+CPU: milliseconds per second of 24 kHz audio on one x86-64 core (320 ms chunks, the dev
+machine); the speed stage adds 0.7-5.5 (most at 0.25), resampling 0.1-0.2. The concatenation of
+all chunks' bytes is always one complete file or stream. Encoders that cost real CPU set
+``blocking`` (MP3, AAC, Ogg, FLAC), and so does an :class:`AudioOutput` with a speed or resampling
+stage, so the gateway runs them off the event loop. :mod:`.ffmpeg` and :mod:`.sndfile` give the
+codec details and why FLAC is buffered and Vorbis stays on libsndfile.
 
 PCM16 conversion is the shared :func:`tts_common.audio.float_to_pcm16` (clip, x32767, round), so
 PCM16, WAV, FLAC and G.711 (which compands those values) agree sample for sample.

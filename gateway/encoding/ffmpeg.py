@@ -29,7 +29,6 @@ import numpy as np
 from tts_common.errors import InvalidRequestError
 
 from .base import AudioEncoder
-from .formats import AAC_SAMPLE_RATES
 from .ogg import OggStreamWriter
 
 MP3_BIT_RATE = 64000
@@ -42,11 +41,18 @@ AAC_BIT_RATE = 64000
 OPUS_BIT_RATE = 32000
 """Opus (VBR) target bit rate: Opus' recommended range for full-band mono speech."""
 
+# ISO 14496-3 sampling frequency index (7350 Hz, index 12, is below the gateway's range).
+_ADTS_RATE_INDEX = {
+    rate: i
+    for i, rate in enumerate(
+        (96000, 88200, 64000, 48000, 44100, 32000, 24000, 22050, 16000, 12000, 11025, 8000)
+    )
+}
 _OPUS_GRANULE_RATE = 48000  # Ogg Opus granule positions always count 48 kHz samples
 _OPUS_VENDOR = b"qwen3-tts-grpc"
 
 
-def _open_codec(name: str, sample_rate: int, bit_rate: int, options: dict[str, str] | None = None) -> Any:
+def _open_codec(name: str, sample_rate: int, bit_rate: int) -> Any:
     """An opened mono encoder taking float samples (packed when offered, else planar)."""
     try:
         ctx: Any = av.CodecContext.create(name, "w")
@@ -55,8 +61,6 @@ def _open_codec(name: str, sample_rate: int, bit_rate: int, options: dict[str, s
         ctx.sample_rate = sample_rate
         ctx.layout = "mono"
         ctx.bit_rate = bit_rate
-        if options:
-            ctx.options = options
         ctx.open()
     except (av.FFmpegError, ValueError) as exc:
         raise InvalidRequestError(f"{name} cannot encode mono audio at {sample_rate} Hz: {exc}") from exc
@@ -68,11 +72,9 @@ class PyAVEncoder(AudioEncoder):
 
     blocking = True
 
-    def __init__(
-        self, codec: str, sample_rate: int, bit_rate: int, options: dict[str, str] | None = None
-    ) -> None:
+    def __init__(self, codec: str, sample_rate: int, bit_rate: int) -> None:
         self.sample_rate = sample_rate
-        self._ctx = _open_codec(codec, sample_rate, bit_rate, options)
+        self._ctx = _open_codec(codec, sample_rate, bit_rate)
         self._pts = 0
         self._finished = False
 
@@ -113,8 +115,7 @@ def adts_header(payload_size: int, sample_rate: int) -> bytes:
     frame_length = payload_size + 7
     if frame_length >= 1 << 13:
         raise ValueError(f"AAC frame of {payload_size} bytes does not fit in ADTS")
-    # ISO 14496-3 table 1.18 order: 96000 .. 7350 Hz; AAC_SAMPLE_RATES lists it ascending from 8000.
-    index = len(AAC_SAMPLE_RATES) - 1 - AAC_SAMPLE_RATES.index(sample_rate)
+    index = _ADTS_RATE_INDEX[sample_rate]
     bits = (
         (0xFFF << 44)  # syncword
         | (0 << 43)  # MPEG-4

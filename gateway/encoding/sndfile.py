@@ -1,7 +1,7 @@
 """FLAC (buffered) and Ogg Vorbis (streamed by Ogg page) through libsndfile.
 
 * ``OGG_VORBIS``: libvorbis through libsndfile, written to an in-memory sink. libogg closes a
-  page once it holds about 4 KB, and libsndfile offers no flush or page-latency control for
+  page once it holds about 4 KB (~0.7 s of speech at libsndfile's default quality), and libsndfile offers no flush or page-latency control for
   Vorbis (``SFC_SET_OGG_PAGE_LATENCY_MS`` only affects its Opus writer), so most chunks carry no
   bytes and the rest comes with the last one. FFmpeg is no alternative: PyAV's wheels ship no
   libvorbis and FFmpeg's own Vorbis encoder is experimental and stereo-only.
