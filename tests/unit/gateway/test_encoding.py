@@ -28,7 +28,7 @@ from gateway.encoding.ogg import ogg_crc
 from gateway.encoding.pcm import pcm16_to_alaw, pcm16_to_ulaw
 from gateway.encoding.tempo import atempo_stages
 from gateway.validation import resolve_output
-from tts_common.audio import float_to_pcm16
+from tts_common.audio import float_to_pcm16, resample
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
@@ -135,16 +135,18 @@ _SIGNAL = speech_like(int(SR * 1.3))
     sizes=chunkings(_SIGNAL.size),
 )
 def test_lossless_encodings_decode_to_the_exact_values(encoding: int, rate: int, sizes: list[int]) -> None:
-    # 1.5x the signal: values beyond [-1, 1] check the shared clipping too
-    x = _SIGNAL * np.float32(2.5)
-    y = reference(x, rate, sizes)
+    x = _SIGNAL * np.float32(2.5)  # peaks beyond [-1, 1]: the shared clipping is checked too
+    y = reference(x, rate, sizes)  # the FLOAT32 output: the input, or its one-shot resampling
+    if rate == SR:
+        np.testing.assert_array_equal(y, x)
+    else:
+        np.testing.assert_allclose(y, resample(x, SR, rate), atol=1e-5)
+    if encoding == E.AUDIO_ENCODING_FLOAT32:
+        return
     parts, tail, total = run_output(AudioOutput(encoding, rate), x, sizes)
     data = b"".join(parts) + tail
     assert total == y.size
     pcm16 = np.frombuffer(float_to_pcm16(y), "<i2")
-    if encoding == E.AUDIO_ENCODING_FLOAT32:
-        np.testing.assert_array_equal(np.frombuffer(data, "<f4"), y)
-        return
     if encoding == E.AUDIO_ENCODING_PCM16:
         np.testing.assert_array_equal(np.frombuffer(data, "<i2"), pcm16)
         return
