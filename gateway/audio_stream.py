@@ -45,7 +45,7 @@ class AudioStream:
         self.last_chunk_at: float | None = None
 
     async def _run(self, fn: Callable[..., tuple[bytes, int]], *args: Any) -> tuple[bytes, int]:
-        # Resampling and libsndfile encoders take real CPU time: keep the event loop free.
+        # Codecs, resampling and time-scaling take real CPU time: keep the event loop free.
         if self.output.blocking:
             return await asyncio.to_thread(fn, *args)
         return fn(*args)

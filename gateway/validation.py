@@ -20,7 +20,7 @@ from tts_common.synthesis.validation import (
 )
 
 from .audio_stream import OutputPlan
-from .encoding import check_output_format
+from .encoding import check_output_format, default_sample_rate
 
 MAX_VOICE_NAME_CHARS = 200
 
@@ -28,10 +28,12 @@ MAX_VOICE_NAME_CHARS = 200
 def plan_output(
     request: tts_pb2.SynthesizeRequest, info: tts_pb2.ModelInfo, default_first: int, default_max: int
 ) -> OutputPlan:
-    """Encoding (UNSPECIFIED -> PCM16), sample rate (0 -> native) and chunk sizes (0 -> the
-    server's defaults) of a request."""
+    """Encoding (UNSPECIFIED -> PCM16), sample rate (0 -> native, 8000 Hz for the G.711 encodings)
+    and chunk sizes (0 -> the server's defaults) of a request."""
     encoding = request.output.encoding or tts_pb2.AUDIO_ENCODING_PCM16
-    sample_rate = request.output.sample_rate or info.sample_rate or NATIVE_SAMPLE_RATE
+    sample_rate = request.output.sample_rate or default_sample_rate(
+        encoding, info.sample_rate or NATIVE_SAMPLE_RATE
+    )
     check_output_format(encoding, sample_rate)
     first, largest = resolve_chunking(
         request.streaming.first_chunk_frames,

@@ -12,6 +12,7 @@ import sys
 import time
 from pathlib import Path
 
+import av
 import grpc
 import numpy as np
 import soundfile as sf
@@ -183,6 +184,29 @@ def test_float32_wav_flac_ogg_encodings() -> None:
                     assert fh.samplerate == 24000
                 assert abs(decoded.size - expected.size) <= 960
                 assert np.corrcoef(decoded[: expected.size], expected[: decoded.size])[0, 1] > 0.9
+
+    run(main())
+
+
+def test_g711_and_mp3_encodings() -> None:
+    async def main() -> None:
+        expected = expected_signal(6)
+        async with Harness(frames=6) as h:
+            # G.711 with sample_rate 0: 8 kHz (telephony), one byte per sample, streamed
+            meta, chunks, summary = await h.synthesize(
+                request(output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_MULAW))
+            )
+            assert meta.sample_rate == 8000 and all(c.sample_rate == 8000 for c in chunks)
+            assert len(joined(chunks)) == summary.num_samples == resample(expected, 24000, 8000).size
+            assert all(len(c.data) == c.num_samples for c in chunks)
+
+            _, chunks, summary = await h.synthesize(
+                request(output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_MP3))
+            )
+            assert chunks[0].data and summary.num_samples == expected.size
+            with av.open(io.BytesIO(joined(chunks)), format="mp3") as container:
+                decoded = sum(frame.samples for frame in container.decode(audio=0))
+            assert decoded >= expected.size + 1105  # LAME's delay in front, nothing lost
 
     run(main())
 
