@@ -27,7 +27,7 @@ from gateway.encoding import (
 from gateway.encoding.ogg import ogg_crc
 from gateway.encoding.pcm import pcm16_to_alaw, pcm16_to_ulaw
 from gateway.encoding.tempo import atempo_stages
-from gateway.validation import resolve_output
+from gateway.validation import plan_output
 from tts_common.audio import float_to_pcm16, resample
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -316,11 +316,20 @@ def test_g711_output_companding_the_pcm16_values(law: int, rate: int, sizes: lis
 
 def test_g711_defaults_to_8khz_when_the_rate_is_left_0() -> None:
     info = tts_pb2.ModelInfo(sample_rate=SR)
+
+    def rate(encoding: int, sample_rate: int = 0) -> int:
+        request = tts_pb2.SynthesizeRequest(
+            output=tts_pb2.AudioFormat(encoding=encoding, sample_rate=sample_rate)
+        )
+        plan = plan_output(request, info, default_first=2, default_max=25)
+        assert plan.encoding == (encoding or E.AUDIO_ENCODING_PCM16)
+        return plan.sample_rate
+
     for encoding in (E.AUDIO_ENCODING_MULAW, E.AUDIO_ENCODING_ALAW):
-        assert resolve_output(tts_pb2.AudioFormat(encoding=encoding), info) == (encoding, 8000)
-        assert resolve_output(tts_pb2.AudioFormat(encoding=encoding, sample_rate=16000), info)[1] == 16000
+        assert rate(encoding) == 8000
+        assert rate(encoding, 16000) == 16000
     for encoding in (E.AUDIO_ENCODING_MP3, E.AUDIO_ENCODING_PCM16, E.AUDIO_ENCODING_UNSPECIFIED):
-        assert resolve_output(tts_pb2.AudioFormat(encoding=encoding), info)[1] == SR
+        assert rate(encoding) == SR
 
 
 # ------------------------------------------------------------------------------------------------
