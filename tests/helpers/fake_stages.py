@@ -344,6 +344,8 @@ class Harness:
         self.with_http = http
         self.http_server: Any = None
         self.http_url = ""
+        self.cleanups: list[Any] = []
+        """Coroutine functions awaited on exit, before the servers stop (e.g. closing clients)."""
         self.model_type = model_type
         self.with_speaker = speaker
         self.talker_target = talker_target
@@ -402,6 +404,8 @@ class Harness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for cleanup in reversed(self.cleanups):
+            await cleanup()
         await self.channel.close()
         if self.http_server is not None:
             await self.http_server.stop(0)
