@@ -431,3 +431,26 @@ def test_graceful_stop_finishes_streams_in_flight() -> None:
                 await asyncio.open_connection("127.0.0.1", h.http_server.port)
 
     run(main())
+
+
+def test_health_command_checks_grpc_and_http_together() -> None:
+    """``qwen3-tts health`` (the Compose healthcheck): 0 only when every address it is given
+    reports SERVING, the HTTP API's /health included; 1 as soon as one does not."""
+    from qwen3_tts.cli import build_parser
+
+    def health(*addresses: str) -> int:
+        args = build_parser().parse_args(["health", *addresses, "--timeout", "5"])
+        return args.func(args)
+
+    async def main() -> None:
+        async with Harness(http=True) as h:
+            grpc_address, url = f"127.0.0.1:{h.port}", h.http_url + "/health"
+            assert await asyncio.to_thread(health, grpc_address, url) == 0
+            assert await asyncio.to_thread(health, url) == 0
+            h.health.mark_not_serving()  # both listeners say so: 503 over HTTP
+            assert await asyncio.to_thread(health, url) == 1
+            assert await asyncio.to_thread(health, grpc_address, url) == 1
+            h.health.mark_ready()
+            assert await asyncio.to_thread(health, grpc_address, h.http_url + "/nothing") == 1  # 404
+
+    run(main())
