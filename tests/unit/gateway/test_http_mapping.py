@@ -5,6 +5,11 @@ flag, and exceptions to HTTP statuses and OpenAI error objects."""
 from __future__ import annotations
 
 import argparse
+import functools
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
 
 import grpc
 import pytest
@@ -200,3 +205,37 @@ def test_stage_errors_keep_their_status(code: grpc.StatusCode) -> None:
     assert error.status == HTTP_STATUS[expected] and error.grpc_code == expected
     assert error.body()["error"]["code"] == expected.name.lower()
     assert "talker stage" in error.message
+
+
+@functools.cache
+def _ttfb_bench() -> ModuleType:
+    """bench/http_ttfb.py (a script, not a package)."""
+    path = Path(__file__).parents[3] / "bench" / "http_ttfb.py"
+    spec = importlib.util.spec_from_file_location("http_ttfb", path)
+    assert spec is not None and spec.loader is not None
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench  # dataclasses look their module up
+    spec.loader.exec_module(bench)
+    return bench
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    fmt=st.sampled_from(sorted(RESPONSE_FORMATS)),
+    voice=st.sampled_from(["", *SPEAKERS]),
+    instructions=st.text(max_size=10),
+    seed=st.integers(0, 2**63 - 1),
+    max_new_tokens=st.integers(0, 4096),
+)
+def test_ttfb_bench_sends_the_same_request_both_ways(
+    fmt: str, voice: str, instructions: str, seed: int, max_new_tokens: int
+) -> None:
+    """bench/http_ttfb.py compares transports on one request: its HTTP body, mapped by the
+    gateway, is exactly its gRPC request."""
+    request = _ttfb_bench().Request("Hello.", voice, instructions, seed, max_new_tokens, fmt)
+    kwargs = request.http_kwargs()
+    body = SpeechRequest(**{k: v for k, v in kwargs.items() if k != "extra_body"}, **kwargs["extra_body"])
+    model = info("custom_voice" if voice else "voice_design")
+    expected = request.grpc()
+    expected.streaming.SetInParent()  # the HTTP mapping always sets it (empty: the defaults)
+    assert synthesize_request(body, "", model, store(), {}) == expected
