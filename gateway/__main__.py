@@ -1,4 +1,6 @@
-"""``python -m gateway``: the public API process (default port 50051).
+"""``python -m gateway``: the public API process: gRPC (default port 50051) and, on the same event
+loop, the OpenAI-compatible HTTP API with the playground (default port 8000, ``--http-port 0``
+disables it).
 
 Example::
 
@@ -32,12 +34,19 @@ def main(argv: list[str] | None = None) -> None:
     async def run() -> None:
         service = SynthesisService.from_config(config, channel_options(server_config))
         add_servicers, build_kwargs = server_setup(GatewayServicer(service), config)
+        companions = []
+        if config.http_port:
+            from .http import HttpServer  # FastAPI and uvicorn load only when the API is on
+
+            host = config.http_host if config.http_host is not None else server_config.host
+            companions.append(HttpServer(service, config, host, config.http_port))
         await serve(
             server_config,
             add_servicers,
             [SERVICE_NAME],
             startup=service.start,
             shutdown=service.close,
+            companions=companions,
             **build_kwargs,
         )
 

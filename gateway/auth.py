@@ -1,8 +1,10 @@
-"""API-key authentication of the public port (a grpc.aio server interceptor).
+"""API-key authentication of the public API: :class:`ApiKeys` (the decision, shared by gRPC and
+HTTP) and :class:`ApiKeyInterceptor` (the gRPC port).
 
-A call must carry ``authorization: Bearer KEY`` or ``x-api-key: KEY`` metadata. Missing key:
-UNAUTHENTICATED; a key not in the configured set: PERMISSION_DENIED. Health and reflection stay
-open (load balancers and grpcurl ``list`` need no key). Keys are compared in constant time.
+A call must carry ``authorization: Bearer KEY`` or ``x-api-key: KEY`` (gRPC metadata or HTTP
+headers). Missing key: UNAUTHENTICATED (HTTP 401); a key not in the configured set:
+PERMISSION_DENIED (HTTP 403). Health and reflection stay open (load balancers and grpcurl ``list``
+need no key). Keys are compared in constant time.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from collections.abc import Iterable, Sequence
 import grpc
 
 from tts_common import metrics
+from tts_common.errors import PermissionDeniedError, UnauthenticatedError
 from tts_common.serving.interceptors import RefusingInterceptor
 from tts_common.serving.names import PLUMBING_METHOD_PREFIXES
 
@@ -41,21 +44,13 @@ def extract_api_key(metadata: Iterable[tuple[str, str | bytes]] | None) -> str |
     return bearer or api_key
 
 
-class ApiKeyInterceptor(RefusingInterceptor):
-    """Rejects calls without a valid API key (see the module doc)."""
+class ApiKeys:
+    """The accepted API keys and the one decision about a presented one."""
 
-    def __init__(
-        self,
-        keys: Iterable[str],
-        *,
-        stage: str = "gateway",
-        open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES,
-    ) -> None:
-        super().__init__(open_prefixes)
+    def __init__(self, keys: Iterable[str]) -> None:
         self._keys = tuple(k.encode("utf-8") for k in keys if k)
         if not self._keys:
-            raise ValueError("ApiKeyInterceptor needs at least one key")
-        self._stage = stage
+            raise ValueError("ApiKeys needs at least one key")
 
     def is_valid(self, key: str) -> bool:
         """Whether ``key`` is one of the configured keys (constant time per key)."""
@@ -65,20 +60,48 @@ class ApiKeyInterceptor(RefusingInterceptor):
             valid |= hmac.compare_digest(candidate, known)
         return valid
 
-    def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
-        key = extract_api_key(details.invocation_metadata)
+    def authenticate(
+        self, metadata: Iterable[tuple[str, str | bytes]] | None, where: str = "metadata"
+    ) -> None:
+        """Accept the call or raise :class:`UnauthenticatedError` (no key) /
+        :class:`PermissionDeniedError` (unknown key). ``metadata``: gRPC call metadata or HTTP
+        headers as (lower-case name, value) pairs; ``where`` names them in the message."""
+        key = extract_api_key(metadata)
         if key is None:
-            code, message = (
-                grpc.StatusCode.UNAUTHENTICATED,
-                "missing API key: send 'authorization: Bearer KEY' or 'x-api-key: KEY' metadata",
+            raise UnauthenticatedError(
+                f"missing API key: send 'authorization: Bearer KEY' or 'x-api-key: KEY' {where}"
             )
-        elif not self.is_valid(key):
-            code, message = grpc.StatusCode.PERMISSION_DENIED, "invalid API key"
-        else:
-            return None
-        logger.info("rejected %s: %s", details.method, code.name)
-        metrics.REQUESTS.labels(stage=self._stage, status=code.name).inc()
-        return code, message
+        if not self.is_valid(key):
+            raise PermissionDeniedError("invalid API key")
 
 
-__all__ = ["ApiKeyInterceptor", "OPEN_METHOD_PREFIXES", "extract_api_key"]
+class ApiKeyInterceptor(RefusingInterceptor):
+    """Rejects gRPC calls without a valid API key (see the module doc)."""
+
+    def __init__(
+        self,
+        keys: Iterable[str],
+        *,
+        stage: str = "gateway",
+        open_prefixes: Sequence[str] = OPEN_METHOD_PREFIXES,
+    ) -> None:
+        super().__init__(open_prefixes)
+        self.keys = ApiKeys(keys)
+        self._stage = stage
+
+    def is_valid(self, key: str) -> bool:
+        """Whether ``key`` is one of the configured keys (constant time per key)."""
+        return self.keys.is_valid(key)
+
+    def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
+        try:
+            self.keys.authenticate(details.invocation_metadata)
+        except (UnauthenticatedError, PermissionDeniedError) as exc:
+            code = grpc.StatusCode[exc.grpc_status]
+            logger.info("rejected %s: %s", details.method, code.name)
+            metrics.REQUESTS.labels(stage=self._stage, status=code.name).inc()
+            return code, str(exc)
+        return None
+
+
+__all__ = ["ApiKeyInterceptor", "ApiKeys", "OPEN_METHOD_PREFIXES", "extract_api_key"]

@@ -18,6 +18,7 @@ from typing import Any
 from tts_common.chunking import DEFAULT_FIRST_CHUNK_FRAMES, DEFAULT_MAX_CHUNK_FRAMES, MAX_CHUNK_FRAMES
 from tts_common.flags import (
     NOT_A_FLAG,
+    comma_list,
     config_from_args,
     flag,
     non_negative_float,
@@ -28,9 +29,36 @@ from tts_common.serving.config import ProcessFlags
 
 STAGE = "gateway"
 DEFAULT_PORT = 50051
+DEFAULT_HTTP_PORT = 8000
 
 _POSITIVE_INT = flag(parse=positive_int)
 _POSITIVE_FLOAT = flag(parse=positive_float)
+
+
+def port_number(text: str) -> int:
+    """A TCP port, 0..65535 (what 0 means is the flag's business)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid port: {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"port must be in 0..65535, got {value}")
+    return value
+
+
+def parse_voice_aliases(text: str) -> tuple[tuple[str, str], ...]:
+    """``"alloy=vivian, echo=voice-0123"`` -> ``(("alloy", "vivian"), ("echo", "voice-0123"))``:
+    comma-separated ``ALIAS=VOICE`` pairs; an alias is matched case-insensitively (stored
+    lower-cased) and may appear once."""
+    pairs: dict[str, str] = {}
+    for item in comma_list(text):
+        alias, sep, voice = (part.strip() for part in item.partition("="))
+        if not sep or not alias or not voice:
+            raise argparse.ArgumentTypeError(f"voice alias {item!r} is not ALIAS=VOICE")
+        if alias.lower() in pairs:
+            raise argparse.ArgumentTypeError(f"voice alias {alias!r} is given twice")
+        pairs[alias.lower()] = voice
+    return tuple(pairs.items())
 
 
 @dataclass(frozen=True)
@@ -99,6 +127,23 @@ class GatewayConfig:
     """Cached talker model info is re-fetched when older than this (and after talker failures);
     if the refresh fails the cached copy keeps being used."""
 
+    http_port: int = field(default=DEFAULT_HTTP_PORT, metadata=flag(parse=port_number, stage_env_only=True))
+    """Port of the OpenAI-compatible HTTP API and the browser playground (same process and event
+    loop as the gRPC server, same API keys, limits and metrics); 0 disables it."""
+
+    http_host: str | None = None
+    """Bind address of the HTTP API; unset: the gRPC ``--host`` ("[::]" = every interface, IPv4
+    included)."""
+
+    http_max_body_bytes: int = field(default=1024 * 1024, metadata=_POSITIVE_INT)
+    """Largest HTTP request body (JSON requests) in bytes, else 413; a voice upload
+    (``POST /v1/audio/voices``) may be ``max_ref_audio_bytes`` larger."""
+
+    voice_alias: tuple[tuple[str, str], ...] = field(default=(), metadata=flag(parse=parse_voice_aliases))
+    """HTTP ``voice`` aliases for clients that only offer OpenAI's voice names: ``ALIAS=VOICE``
+    pairs (e.g. ``alloy=vivian,echo=voice-0123``), VOICE a preset speaker or a registered
+    voice id."""
+
     channel_options: tuple[tuple[str, Any], ...] = field(default=(), metadata=NOT_A_FLAG)
     """Extra gRPC channel options for the stage channels (tests, tuning)."""
 
@@ -164,11 +209,14 @@ def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
 
 
 __all__ = [
+    "DEFAULT_HTTP_PORT",
     "DEFAULT_PORT",
     "FLAGS",
     "STAGE",
     "ApiKeysFileConfig",
     "GatewayConfig",
     "gateway_config_from_args",
+    "parse_voice_aliases",
+    "port_number",
     "read_api_keys_file",
 ]

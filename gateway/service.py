@@ -219,11 +219,13 @@ class SynthesisService:
         *,
         received: float,
         time_remaining: float | None = None,
+        speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
-        """The response stream of one Synthesize request (see the module doc)."""
+        """The response stream of one Synthesize request (see the module doc). ``speed``: the
+        output's time-scale factor (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
         with self.admission():
             try:
-                async for response in self._synthesize(request, request_id, received, time_remaining):
+                async for response in self._synthesize(request, request_id, received, time_remaining, speed):
                     yield response
             finally:
                 metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
@@ -234,6 +236,7 @@ class SynthesisService:
         request_id: str,
         received: float,
         time_remaining: float | None,
+        speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         talker_info = await self.model_info.get()
         info = effective_model_info(talker_info)
@@ -244,7 +247,9 @@ class SynthesisService:
             self.config.default_first_chunk_frames,
             self.config.default_max_chunk_frames,
         )
-        output = AudioOutput(out.encoding, out.sample_rate, info.sample_rate or NATIVE_SAMPLE_RATE)
+        output = AudioOutput(
+            out.encoding, out.sample_rate, info.sample_rate or NATIVE_SAMPLE_RATE, speed=speed
+        )
         voice = await self.voice_resolver.resolve(plan, request_id, time_remaining, talker_info)
         message = talker_request(
             plan,

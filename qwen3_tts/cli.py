@@ -4,7 +4,7 @@ synthesize      offline synthesis with the reference pipeline (one text or a JSO
 make-dev-model  write a small random checkpoint in the official layout
 up              run the four stage processes locally (dev checkpoint when no --model)
 say             call Synthesize on a running gateway and write a WAV file
-health          exit 0 iff a server's gRPC health status is SERVING (container probes)
+health          exit 0 iff servers report SERVING: gRPC health, or HTTP /health (container probes)
 """
 
 from __future__ import annotations
@@ -132,6 +132,9 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (stages always on loopback)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
+    p.add_argument(
+        "--http-port", type=int, default=8000, help="gateway HTTP API and playground port (0: off)"
+    )
     p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
     p.add_argument("--device", default=None)
     p.add_argument("--metrics", action="store_true", help="expose /metrics on 9091..9094")
@@ -171,28 +174,54 @@ def cmd_say(args: argparse.Namespace) -> int:
 
 
 def _add_health(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("health", help="exit 0 iff the server reports SERVING")
-    p.add_argument("address", help="HOST:PORT")
-    p.add_argument("--service", default="", help="service name ('' = overall)")
+    p = sub.add_parser("health", help="exit 0 iff every server reports SERVING")
+    p.add_argument(
+        "addresses",
+        nargs="+",
+        metavar="ADDRESS",
+        help="HOST:PORT (gRPC health) or an http:// URL (200 = serving, e.g. the gateway's /health)",
+    )
+    p.add_argument("--service", default="", help="gRPC service name ('' = overall)")
     p.add_argument("--timeout", type=float, default=3.0)
     p.set_defaults(func=cmd_health)
 
 
 def cmd_health(args: argparse.Namespace) -> int:
+    checks = [_http_health if a.startswith(("http://", "https://")) else _grpc_health for a in args.addresses]
+    return max(check(address, args) for check, address in zip(checks, args.addresses))
+
+
+def _grpc_health(address: str, args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
     try:
-        with grpc.insecure_channel(args.address) as channel:
+        with grpc.insecure_channel(address) as channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
     except grpc.RpcError as exc:
-        print(f"{args.address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
+        print(f"{address}: {exc.code().name}: {exc.details()}", file=sys.stderr)
         return 1
     status = health_pb2.HealthCheckResponse.ServingStatus.Name(reply.status)
-    print(f"{args.address} {args.service or '(overall)'}: {status}")
+    print(f"{address} {args.service or '(overall)'}: {status}")
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
+
+
+def _http_health(url: str, args: argparse.Namespace) -> int:
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url, timeout=args.timeout) as reply:
+            status = reply.status
+    except urllib.error.HTTPError as exc:
+        status = exc.code
+    except OSError as exc:
+        print(f"{url}: {exc}", file=sys.stderr)
+        return 1
+    print(f"{url}: HTTP {status}")
+    return 0 if status == 200 else 1
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -30,9 +30,16 @@ class StageProcess:
 
 
 def stage_commands(
-    model: Path, host: str, port: int, base_port: int, device: str | None, metrics: bool
+    model: Path,
+    host: str,
+    port: int,
+    base_port: int,
+    device: str | None,
+    metrics: bool,
+    http_port: int = 8000,
 ) -> list[StageProcess]:
-    """Command lines of the stages and the gateway (the same flags the deploy files use)."""
+    """Command lines of the stages and the gateway (the same flags the deploy files use);
+    ``http_port``: the gateway's HTTP API and playground (0: off)."""
     py = [sys.executable, "-m"]
     talker, decoder, speaker = base_port, base_port + 1, base_port + 2
     dev = ["--device", device] if device else []
@@ -108,6 +115,8 @@ def stage_commands(
                 f"127.0.0.1:{decoder}",
                 "--speaker-targets",
                 f"127.0.0.1:{speaker}",
+                "--http-port",
+                str(http_port),
                 *metrics_flag(0),
             ],
         ),
@@ -210,7 +219,9 @@ def run_local_stack(args: argparse.Namespace) -> int:
         if not (model / "config.json").is_file():
             print(f"creating the dev checkpoint ({args.dev_model_type}) in {model} ...", flush=True)
         make_dev_model(model, args.dev_model_type, if_missing=True)
-    stages = stage_commands(model.resolve(), args.host, args.port, args.base_port, args.device, args.metrics)
+    stages = stage_commands(
+        model.resolve(), args.host, args.port, args.base_port, args.device, args.metrics, args.http_port
+    )
     env = os.environ.copy()
     stop = StopRequest()
     try:
@@ -218,10 +229,21 @@ def run_local_stack(args: argparse.Namespace) -> int:
             stage.process = subprocess.Popen(stage.args, env=env)
         wait_until_serving(stages, timeout=600, stop=stop)
         if not stop.requested:
+            http = ""
+            if args.http_port:
+                http = (
+                    f"  playground: http://127.0.0.1:{args.http_port}/\n"
+                    f"  curl http://127.0.0.1:{args.http_port}/v1/audio/speech -H 'Content-Type: application/json' "
+                    f'-d \'{{"model": "qwen3-tts", "input": "Hello world.", "voice": "alloy", '
+                    f'"response_format": "wav"}}\' -o hello.wav\n'
+                )
             print(
-                f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})\n"
+                f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})"
+                + (f", HTTP API {args.host}:{args.http_port}" if args.http_port else "")
+                + "\n"
                 f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
                 f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
+                f"{http}"
                 "Ctrl-C stops it.",
                 flush=True,
             )

@@ -51,6 +51,23 @@ class UnavailableError(TTSError):
     grpc_status: ClassVar[str] = "UNAVAILABLE"
 
 
+class PayloadTooLargeError(InvalidRequestError):
+    """The request (or one of its parts, e.g. an upload) is larger than the server accepts.
+    INVALID_ARGUMENT over gRPC (whose own message-size limit answers first); HTTP 413."""
+
+
+class UnauthenticatedError(TTSError):
+    """The call carries no credentials (no API key) where they are required."""
+
+    grpc_status: ClassVar[str] = "UNAUTHENTICATED"
+
+
+class PermissionDeniedError(TTSError):
+    """The credentials are not accepted (an unknown API key)."""
+
+    grpc_status: ClassVar[str] = "PERMISSION_DENIED"
+
+
 class FailedPreconditionError(TTSError):
     """The system is not in a state that allows the operation (e.g. a protocol violation inside
     a bidi stream: chunks before the start message)."""
@@ -64,6 +81,9 @@ __all__ = [
     "FailedPreconditionError",
     "InvalidRequestError",
     "NotFoundError",
+    "PayloadTooLargeError",
+    "PermissionDeniedError",
     "TTSError",
+    "UnauthenticatedError",
     "UnavailableError",
 ]

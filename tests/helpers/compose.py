@@ -413,6 +413,15 @@ def service_process(service: dict[str, Any]) -> tuple[str, ServerConfig] | None:
     return stage, server_config(stage, service["command"][3:], env)
 
 
+def http_port(service: dict[str, Any]) -> int:
+    """The HTTP API port of a service running the gateway (0: off), from its command line and
+    environment parsed by the gateway's own parser."""
+    process = service_process(service)
+    assert process is not None and process[0] == "gateway", "not a gateway service"
+    env = {k: v for k, v in (service.get("environment") or {}).items() if v is not None}
+    return int(process_args("gateway", service["command"][3:], env).http_port)
+
+
 # ---------------------------------------------------------------------------------------------
 # Fixtures
 

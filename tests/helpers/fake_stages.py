@@ -336,9 +336,16 @@ class Harness:
         frames: int = 6,
         delay: float = 0.005,
         client_credentials: grpc.ChannelCredentials | None = None,
+        http: bool = False,
         **config: Any,
     ) -> None:
+        """``http``: also serve the HTTP API (``http_url``) on a free loopback port."""
         self.client_credentials = client_credentials
+        self.with_http = http
+        self.http_server: Any = None
+        self.http_url = ""
+        self.cleanups: list[Any] = []
+        """Coroutine functions awaited on exit, before the servers stop (e.g. closing clients)."""
         self.model_type = model_type
         self.with_speaker = speaker
         self.talker_target = talker_target
@@ -380,6 +387,12 @@ class Harness:
             ServerConfig(stage="gateway", host="127.0.0.1", port=0), self.servicer, self.config
         )
         await self.server.start()
+        if self.with_http:
+            from gateway.http import HttpServer
+
+            self.http_server = HttpServer(self.service, self.config, "127.0.0.1", 0)
+            await self.http_server.start(self.health)
+            self.http_url = f"{self.http_server.scheme}://127.0.0.1:{self.http_server.port}"
         await self.service.start()
         self.health.mark_ready()
         self.port = bound_port(self.server)
@@ -391,7 +404,11 @@ class Harness:
         return self
 
     async def __aexit__(self, *exc: object) -> None:
+        for cleanup in reversed(self.cleanups):
+            await cleanup()
         await self.channel.close()
+        if self.http_server is not None:
+            await self.http_server.stop(0)
         await self.server.stop(0)
         await self.service.close()
         for server in self.fake_servers:

@@ -25,6 +25,12 @@ class RunningStack:
     stages: list[StageProcess]
     log_dir: Path
     by_name: dict[str, StageProcess] = field(default_factory=dict)
+    http_port: int = 0
+    """The gateway's HTTP API port."""
+
+    @property
+    def http_url(self) -> str:
+        return f"http://127.0.0.1:{self.http_port}"
 
     def address(self, name: str) -> str:
         return self.by_name[name].address
@@ -45,9 +51,10 @@ def start_stage(stage: StageProcess, log_dir: Path, extra_env: dict[str, str] | 
 def running_stack(
     model: Path, log_dir: Path, gateway_args: list[str] | None = None, extra_env: dict[str, str] | None = None
 ):
-    """The four processes (ports chosen free), SERVING; stopped (SIGTERM) on exit."""
-    ports = [free_port() for _ in range(4)]
-    stages = stage_commands(model, "127.0.0.1", ports[0], ports[1], None, False)
+    """The four processes (ports chosen free, the gateway's HTTP API's too), SERVING; stopped
+    (SIGTERM) on exit."""
+    ports = [free_port() for _ in range(5)]
+    stages = stage_commands(model, "127.0.0.1", ports[0], ports[1], None, False, http_port=ports[4])
     # stage_commands numbers stage ports consecutively from base_port: re-point them at free ports.
     for stage, port in zip(stages[:3], ports[1:]):
         stage.port = port
@@ -57,7 +64,7 @@ def running_stack(
         gateway.args[gateway.args.index(flag) + 1] = f"127.0.0.1:{port}"
     gateway.args += gateway_args or []
     log_dir.mkdir(parents=True, exist_ok=True)
-    stack = RunningStack(stages, log_dir, {s.name: s for s in stages})
+    stack = RunningStack(stages, log_dir, {s.name: s for s in stages}, http_port=ports[4])
     try:
         for stage in stages:
             start_stage(stage, log_dir, extra_env)

@@ -79,6 +79,7 @@ class LocalService:
     depends_on: dict[str, str]
     oneshot: bool
     grpc_port: int | None = None
+    http_port: int | None = None
     metrics_port: int | None = None
     stop_grace: float = 10.0
     healthcheck: list[str] | None = None
@@ -154,6 +155,7 @@ def local_services(model: dict[str, Any], tmp: Path) -> list[LocalService]:
                 depends_on={d: spec["condition"] for d, spec in (svc.get("depends_on") or {}).items()},
                 oneshot=proc is None,
                 grpc_port=proc[1].port if proc else None,
+                http_port=compose.http_port(svc) if proc and proc[0] == "gateway" else None,
                 metrics_port=proc[1].metrics_port if proc else None,
                 stop_grace=compose.parse_duration(svc.get("stop_grace_period", "10s")),
                 healthcheck=[_localize(a, hosts, volume_dirs) for a in health[1:]]
@@ -267,7 +269,7 @@ def stack_of(tmp_path: Path) -> Iterator:
 
     def start(model: dict[str, Any]) -> list[LocalService]:
         services = local_services(model, tmp_path)
-        ports = [p for s in services for p in (s.grpc_port, s.metrics_port) if p]
+        ports = [p for s in services for p in (s.grpc_port, s.http_port, s.metrics_port) if p]
         busy = [p for p in ports if _port_in_use(p)]
         if busy:
             pytest.skip(f"compose ports in use on this machine: {busy}")

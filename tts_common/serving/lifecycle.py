@@ -4,6 +4,10 @@ ready, serve, graceful stop, shutdown) and :func:`serve_until_signal`.
 Graceful shutdown: on SIGTERM/SIGINT health turns NOT_SERVING, the server stops accepting RPCs,
 in-flight RPCs (streams included) get ``grace`` seconds to finish, then the remaining ones are
 cancelled; a second signal cancels them at once.
+
+A process may run other servers on the same event loop, :class:`Companion`s (the gateway's HTTP
+API): they start once the gRPC server listens, share its health, and stop with it, gracefully
+and within the same ``grace``.
 """
 
 from __future__ import annotations
@@ -13,7 +17,7 @@ import logging
 import signal
 import time
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, Protocol
 
 import grpc
 
@@ -24,6 +28,17 @@ from .health import ServingHealth
 from .server import bound_port, build_server
 
 logger = logging.getLogger(__name__)
+
+
+class Companion(Protocol):
+    """Another server of the process (e.g. HTTP), living and dying with the gRPC server."""
+
+    async def start(self, health: ServingHealth) -> None:
+        """Start listening (the gRPC server already does); ``health`` is the process's
+        readiness (NOT_SERVING until startup is done, and again once shutting down)."""
+
+    async def stop(self, grace: float) -> None:
+        """Stop accepting, give in-flight requests up to ``grace`` seconds, then end them."""
 
 
 class _StopSignals:
@@ -62,20 +77,40 @@ class _StopSignals:
         self._installed.clear()
 
 
+async def _stop_all(server: grpc.aio.Server, companions: Sequence[Companion], grace: float) -> None:
+    """The gRPC server and the companions, stopped together (each within ``grace``)."""
+    results = await asyncio.gather(
+        server.stop(grace), *(c.stop(grace) for c in companions), return_exceptions=True
+    )
+    for result in results:
+        if isinstance(result, BaseException) and not isinstance(result, asyncio.CancelledError):
+            logger.error("error while stopping: %s", result, exc_info=result)
+
+
 async def _graceful_stop(
-    server: grpc.aio.Server, health: ServingHealth, grace: float, drain_seconds: float, signals: _StopSignals
+    server: grpc.aio.Server,
+    health: ServingHealth,
+    grace: float,
+    drain_seconds: float,
+    signals: _StopSignals,
+    companions: Sequence[Companion] = (),
 ) -> None:
     health.enter_graceful_shutdown()
     if drain_seconds > 0:  # let load balancers observe NOT_SERVING before refusing RPCs
         await asyncio.sleep(drain_seconds)
-    signals.on_repeat = lambda: asyncio.ensure_future(server.stop(0))
+    signals.on_repeat = lambda: asyncio.ensure_future(_stop_all(server, companions, 0))
     started = time.monotonic()
-    await server.stop(grace)
+    await _stop_all(server, companions, grace)
     logger.info("server stopped (%.2fs after shutdown began)", time.monotonic() - started)
 
 
 async def _run_until_stopped(
-    server: grpc.aio.Server, health: ServingHealth, grace: float, drain_seconds: float, signals: _StopSignals
+    server: grpc.aio.Server,
+    health: ServingHealth,
+    grace: float,
+    drain_seconds: float,
+    signals: _StopSignals,
+    companions: Sequence[Companion] = (),
 ) -> None:
     # Shielded: without a timeout, grpc's wait_for_termination awaits the server's own shutdown
     # future directly, and cancelling it would cancel that future and break server.stop().
@@ -89,8 +124,9 @@ async def _run_until_stopped(
         await asyncio.gather(termination, stop_wait, return_exceptions=True)
     if not signals.stop.is_set():
         logger.info("server terminated")
+        await _stop_all(server, companions, 0)
         return
-    await _graceful_stop(server, health, grace, drain_seconds, signals)
+    await _graceful_stop(server, health, grace, drain_seconds, signals, companions)
 
 
 async def serve_until_signal(
@@ -119,14 +155,15 @@ async def serve(
     shutdown: Callable[[], Awaitable[None]] | None = None,
     stop_event: asyncio.Event | None = None,
     drain_seconds: float = 0.0,
+    companions: Sequence[Companion] = (),
     **build_kwargs: Any,
 ) -> None:
-    """Whole lifecycle of a server process: metrics endpoint, :func:`build_server`, start, run
-    ``startup()`` (e.g. load the model; health says NOT_SERVING meanwhile, and a signal cancels
-    it), ``mark_ready()``, serve until SIGTERM/SIGINT (or ``stop_event``), graceful stop
-    (:func:`serve_until_signal`), then ``shutdown()`` (release resources). Exceptions from
-    ``startup`` stop the server and propagate (the process exits non-zero). ``build_kwargs`` go
-    to :func:`build_server`."""
+    """Whole lifecycle of a server process: metrics endpoint, :func:`build_server`, start (and
+    the ``companions``), run ``startup()`` (e.g. load the model; health says NOT_SERVING
+    meanwhile, and a signal cancels it), ``mark_ready()``, serve until SIGTERM/SIGINT (or
+    ``stop_event``), graceful stop of the server and the companions (:func:`serve_until_signal`),
+    then ``shutdown()`` (release resources). Exceptions from ``startup`` stop the server and
+    propagate (the process exits non-zero). ``build_kwargs`` go to :func:`build_server`."""
     metrics_server = metrics.start_metrics_server(config.metrics_port, config.metrics_host)
     try:
         server, health = build_server(config, add_servicers, service_names, **build_kwargs)
@@ -134,17 +171,21 @@ async def serve(
         logger.info(
             "%s listening on %s (port %d)", config.stage or "server", config.address, bound_port(server)
         )
+        started: list[Companion] = []
         try:
+            for companion in companions:
+                await companion.start(health)
+                started.append(companion)
             with _StopSignals(stop_event or asyncio.Event(), (signal.SIGTERM, signal.SIGINT)) as sigs:
                 if startup is not None and not await _startup(startup, sigs.stop):
                     logger.info("stopped during startup")
-                    await _graceful_stop(server, health, 0.0, 0.0, sigs)
+                    await _graceful_stop(server, health, 0.0, 0.0, sigs, started)
                     return
                 health.mark_ready()
                 logger.info("ready")
-                await _run_until_stopped(server, health, config.grace_seconds, drain_seconds, sigs)
+                await _run_until_stopped(server, health, config.grace_seconds, drain_seconds, sigs, started)
         except BaseException:
-            await server.stop(0)
+            await _stop_all(server, started, 0)
             raise
         finally:
             if shutdown is not None:
@@ -172,4 +213,4 @@ async def _startup(startup: Callable[[], Awaitable[None]], stop: asyncio.Event) 
     return True
 
 
-__all__ = ["serve", "serve_until_signal"]
+__all__ = ["Companion", "serve", "serve_until_signal"]

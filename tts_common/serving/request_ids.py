@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Iterable
 
 import grpc
 
@@ -44,17 +45,25 @@ def new_request_id() -> str:
     return uuid.uuid4().hex
 
 
-def resolve_request_id(explicit: str, context: grpc.aio.ServicerContext | None = None) -> str:
+def resolve_request_id(
+    explicit: str,
+    context: grpc.aio.ServicerContext | None = None,
+    *,
+    metadata: Iterable[tuple[str, str | bytes]] | None = None,
+    where: str = "metadata",
+) -> str:
     """The request id to use: ``explicit`` (the message field) if set, else the
-    ``x-request-id`` call metadata, else a new random id. A client's id is checked
+    ``x-request-id`` call metadata (of ``context``, or the ``metadata`` pairs such as HTTP
+    headers, named ``where`` in errors), else a new random id. A client's id is checked
     (:func:`check_request_id`); INVALID_ARGUMENT if it is not acceptable."""
     if explicit:
         return check_request_id(explicit)
     if context is not None:
-        for key, value in context.invocation_metadata() or ():
-            if key == REQUEST_ID_METADATA_KEY and value:
-                text = value if isinstance(value, str) else value.decode("utf-8", "replace")
-                return check_request_id(text, f"{REQUEST_ID_METADATA_KEY} metadata")
+        metadata = context.invocation_metadata()
+    for key, value in metadata or ():
+        if key == REQUEST_ID_METADATA_KEY and value:
+            text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+            return check_request_id(text, f"{REQUEST_ID_METADATA_KEY} {where}")
     return new_request_id()
 
 

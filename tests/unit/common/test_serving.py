@@ -564,3 +564,52 @@ def test_serve_propagates_startup_failure() -> None:
 
     with pytest.raises(RuntimeError, match="weights missing"):
         run(serve(ServerConfig(host="127.0.0.1", port=0), lambda s: None, [], startup=failing))
+
+
+class _Companion:
+    """Records what the lifecycle does to a companion server."""
+
+    def __init__(self, fail: bool = False) -> None:
+        self.fail = fail
+        self.events: list[tuple[str, object]] = []
+        self.health: ServingHealth | None = None
+
+    async def start(self, health: ServingHealth) -> None:
+        if self.fail:
+            raise RuntimeError("port in use")
+        self.health = health
+        self.events.append(("start", health.ready))
+
+    async def stop(self, grace: float) -> None:
+        assert self.health is not None
+        self.events.append(("stop", (grace, self.health.ready, self.health.shutting_down)))
+
+
+def test_serve_runs_companions_with_the_server() -> None:
+    """Started while NOT_SERVING (startup still running), sharing the health that then turns
+    SERVING; stopped with the server's grace once shutting down; a companion failing to start
+    stops the process."""
+
+    async def body() -> None:
+        stop = asyncio.Event()
+        companion = _Companion()
+
+        async def startup() -> None:
+            assert companion.events == [("start", False)]
+
+        async def stopper() -> None:
+            while companion.health is None or not companion.health.ready:
+                await asyncio.sleep(0.01)
+            stop.set()
+
+        task = asyncio.create_task(stopper())
+        config = ServerConfig(host="127.0.0.1", port=0, grace_seconds=7.0)
+        await serve(config, lambda s: None, [], startup=startup, stop_event=stop, companions=[companion])
+        await task
+        assert companion.events == [("start", False), ("stop", (7.0, False, True))]
+        broken, fine = _Companion(fail=True), _Companion()
+        with pytest.raises(RuntimeError, match="port in use"):
+            await serve(config, lambda s: None, [], stop_event=stop, companions=[fine, broken])
+        assert [kind for kind, _ in fine.events] == ["start", "stop"]  # the started one is stopped
+
+    run(body(), timeout=10)

@@ -39,6 +39,7 @@ from typing import Any
 
 import pytest
 
+from gateway.config import DEFAULT_HTTP_PORT
 from tests.helpers.compose import (
     COMPOSE_FILE,
     CPU_OVERRIDE,
@@ -52,6 +53,7 @@ from tests.helpers.compose import (
     InterpolationError,
     _strip_tags,
     flag_value,
+    http_port,
     interpolate,
     interpolate_tree,
     load_compose,
@@ -224,6 +226,10 @@ def test_healthchecks_speak_grpc_health_on_each_process_port(variant: tuple[str,
         test = health["test"]
         assert test[0] == "CMD", f"{name}: exec form, no shell needed"
         assert test[1:4] == ["qwen3-tts", "health", f"127.0.0.1:{config.port}"], name
+        if stage == "gateway":  # and the HTTP API's /health, on the port its flags give
+            assert test[4:] == [f"http://127.0.0.1:{http_port(model['services'][name])}/health"]
+        else:
+            assert len(test) == 4, name
         assert parse_duration(health["timeout"]) < parse_duration(health["interval"])
         assert int(health["retries"]) >= 2
         if stage in MODEL_STAGES:  # model loading happens before SERVING
@@ -294,15 +300,19 @@ def test_gpu_reservations(variant: tuple[str, dict[str, Any]]) -> None:
 
 
 def test_only_the_gateway_api_is_published(variant: tuple[str, dict[str, Any]]) -> None:
+    """The gateway publishes its gRPC and its HTTP API port (the ports its flags give), nothing
+    else does."""
     _, model = variant
     procs = processes(model)
     for name, svc in model["services"].items():
         assert "expose" not in svc
         if name in procs and procs[name][0] == "gateway":
-            ports = svc["ports"]
-            assert len(ports) == 1
-            assert ports[0]["target"] == procs[name][1].port
-            assert ports[0]["published"] == "50051"  # documented default
+            http = http_port(svc)
+            assert http > 0, "the HTTP API is on"
+            published = {p["target"]: p["published"] for p in svc["ports"]}
+            assert len(svc["ports"]) == 2
+            # documented defaults
+            assert published == {procs[name][1].port: "50051", http: str(DEFAULT_HTTP_PORT)}
         else:
             assert not svc.get("ports"), f"{name} must not publish ports"
     # Metrics ports are never published (they are on the internal network only).
@@ -532,6 +542,7 @@ def _comparable(service: dict[str, Any]) -> dict[str, Any]:
         {
             "QWEN3TTS_MODEL_DIR": "/srv/ckpt",
             "QWEN3TTS_PUBLISHED_PORT": "8443",
+            "QWEN3TTS_PUBLISHED_HTTP_PORT": "8080",
             "QWEN3TTS_BIND_ADDRESS": "127.0.0.1",
             "QWEN3TTS_TALKER_MAX_SLOTS": "7",
             "QWEN3TTS_TALKER_GPU": "1",

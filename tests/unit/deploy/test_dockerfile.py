@@ -319,6 +319,9 @@ def test_exposed_ports(instructions: list[Instruction]) -> None:
     exposed = {int(p.split("/")[0]) for i in instructions if i.keyword == "EXPOSE" for p in i.args.split()}
     assert 50051 in exposed
     assert set(DEFAULT_PORTS) <= exposed
+    from gateway.config import DEFAULT_HTTP_PORT
+
+    assert DEFAULT_HTTP_PORT in exposed, "the gateway's HTTP API"
 
 
 def test_stage_modules_are_packages() -> None:

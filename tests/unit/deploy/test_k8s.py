@@ -139,6 +139,14 @@ def container_ports(deployment: dict[str, Any]) -> dict[str, int]:
     return {p["name"]: p["containerPort"] for p in container["ports"]}
 
 
+def gateway_http_port(deployment: dict[str, Any]) -> int:
+    """The gateway container's HTTP API port, from its args and environment (the real parser)."""
+    stage, argv = deployment_stage(deployment)
+    assert stage == "gateway"
+    pod = deployment["spec"]["template"]["spec"]
+    return int(compose.process_args("gateway", argv, container_env(pod)).http_port)
+
+
 # ---------------------------------------------------------------------------------------------
 # Schema validation
 
@@ -243,13 +251,21 @@ def test_ports_probes_and_annotations_follow_the_process_flags() -> None:
         assert annotations["prometheus.io/port"] == str(config.metrics_port)
         assert annotations["prometheus.io/path"] == "/metrics"
         (container,) = template["spec"]["containers"]
+        http = gateway_http_port(deployment) if stage == "gateway" else 0
         for probe_name in ("startupProbe", "readinessProbe", "livenessProbe"):
             probe = container[probe_name]
             handlers = {"grpc", "httpGet", "tcpSocket", "exec"} & set(probe)
+            if stage == "gateway" and probe_name == "readinessProbe":
+                # The HTTP API's /health: the shared health, through the HTTP listener.
+                assert handlers == {"httpGet"}, "gateway readiness: HTTP probe of /health expected"
+                assert probe["httpGet"]["path"] == "/health"
+                assert ports[probe["httpGet"]["port"]] == http > 0
+                continue
             assert handlers == {"grpc"}, f"{stage} {probe_name}: native gRPC probe expected"
             assert probe["grpc"]["port"] == config.port, f"{stage} {probe_name}"
         # Readiness asks for the stage's own service; liveness/startup the overall status.
-        assert container["readinessProbe"]["grpc"]["service"] == HEALTH_SERVICES[stage]
+        if stage != "gateway":
+            assert container["readinessProbe"]["grpc"]["service"] == HEALTH_SERVICES[stage]
         assert container["livenessProbe"]["grpc"].get("service", "") == ""
         assert container["startupProbe"]["grpc"].get("service", "") == ""
 
@@ -388,6 +404,9 @@ def test_services() -> None:
         ports = {p["name"]: p for p in spec["ports"]}
         named = container_ports(deployments[stage])
         assert ports["grpc"]["port"] == config.port
+        if stage == "gateway":  # the HTTP API too, on its own port
+            assert named[ports["http"]["targetPort"]] == gateway_http_port(deployments[stage])
+            assert ports["http"]["port"] == named["http"]
         for port in ports.values():
             assert port["targetPort"] in named, f"{stage}: unknown targetPort {port['targetPort']}"
         assert named[ports["grpc"]["targetPort"]] == config.port
@@ -443,6 +462,15 @@ def test_network_policies_reference_real_pods_and_ports() -> None:
                 for pod_name in selected:
                     assert port["port"] in container_ports(deployments[pod_name]), (name, port)
     assert isolated == set(labels), "every pod should be covered by a policy"
+    # Both gateway APIs are reachable.
+    gateway_ports = {
+        port["port"]
+        for policy in objects_of("NetworkPolicy").values()
+        if labels_match(policy["spec"]["podSelector"], labels["gateway"])
+        for rule in policy["spec"].get("ingress") or []
+        for port in rule.get("ports") or []
+    }
+    assert {"grpc", "http"} <= gateway_ports
     # Stage gRPC ports: only the gateway may connect.
     (stage_policy,) = [
         p

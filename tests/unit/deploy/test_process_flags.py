@@ -44,6 +44,10 @@ OWN: dict[str, dict[str, Any]] = {
         "--stage-timeout-seconds": 30.0,
         "--startup-timeout-seconds": 0.0,
         "--model-info-ttl-seconds": 60.0,
+        "--http-port": 8000,
+        "--http-host": None,
+        "--http-max-body-bytes": 1024 * 1024,
+        "--voice-alias": (),
     },
     "talker": {
         **MODEL,
@@ -56,7 +60,7 @@ OWN: dict[str, dict[str, Any]] = {
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
 }
 PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
-STAGE_ONLY_ENV = {"--port", "--metrics-port"}
+STAGE_ONLY_ENV = {"--port", "--metrics-port", "--http-port"}
 """One QWEN3TTS_PORT shared by four processes on a host would make them collide."""
 
 
@@ -95,7 +99,12 @@ def test_environment_variables(stage: str) -> None:
             expected.add(f"QWEN3TTS_{key}")
     assert set(flags.env_names()) == expected
     # Each variable reaches its flag: the stage-specific one beats the generic one.
-    values = {"--dtype": "bfloat16", "--no-cuda-graphs": "1", "--log-level": "DEBUG"}
+    values = {
+        "--dtype": "bfloat16",
+        "--no-cuda-graphs": "1",
+        "--log-level": "DEBUG",
+        "--voice-alias": "alloy=vivian",
+    }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()
         text = values.get(option, "7")

@@ -1,5 +1,6 @@
 """``python -m gateway`` as a process: NOT_SERVING until the talker answers, then SERVING with
-the talker's model; SIGTERM stops it with exit code 0."""
+the talker's model, on the gRPC port and on the HTTP API's ``/health`` alike (one process, one
+event loop, one health); SIGTERM stops both with exit code 0."""
 
 from __future__ import annotations
 
@@ -11,6 +12,8 @@ import socket
 import subprocess
 import sys
 import time
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import grpc
@@ -55,9 +58,18 @@ async def _model_type(port: int) -> str:
         return info.model_type
 
 
+def _http_health(port: int) -> int:
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as reply:
+            return reply.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
 def test_gateway_process_lifecycle(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "QWEN3TTS_TALKER_TARGETS": ""}
     talker_port = _free_port()
+    http_port = _free_port()
     log = tmp_path / "gateway.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -75,6 +87,8 @@ def test_gateway_process_lifecycle(tmp_path: Path) -> None:
                     f"127.0.0.1:{talker_port}",
                     "--decoder-targets",
                     "127.0.0.1:1",
+                    "--http-port",
+                    str(http_port),
                 ],
                 cwd=REPO,
                 env=env,
@@ -84,6 +98,8 @@ def test_gateway_process_lifecycle(tmp_path: Path) -> None:
         procs.append(gateway)
         port = int(_wait_for(r"listening on \S+ \(port (\d+)\)", log, gateway, 20))
         assert asyncio.run(_health(port)) == health_pb2.HealthCheckResponse.NOT_SERVING
+        _wait_for(r"(HTTP API listening on http://127\.0\.0\.1:\d+)", log, gateway, 20)
+        assert _http_health(http_port) == 503
         talker = subprocess.Popen(
             [sys.executable, str(FAKES), "talker", "base", "3", "0", str(talker_port)],
             cwd=REPO,
@@ -96,8 +112,11 @@ def test_gateway_process_lifecycle(tmp_path: Path) -> None:
             assert time.monotonic() < deadline, log.read_text()
             time.sleep(0.1)
         assert asyncio.run(_model_type(port)) == "base"
+        assert _http_health(http_port) == 200
         gateway.send_signal(signal.SIGTERM)
         assert gateway.wait(10) == 0, log.read_text()
+        with socket.socket() as sock:  # the HTTP listener went with the process
+            assert sock.connect_ex(("127.0.0.1", http_port)) != 0
         assert "talker model: fake-base" in log.read_text()
     finally:
         for proc in procs:

@@ -1,0 +1,79 @@
+"""The playground in headless Chromium (Debian's ``chromium``): the page loads from the gateway,
+fills its voice picker from ``/v1/audio/voices``, and a real click on Speak streams PCM from
+``/v1/audio/speech`` (over fake stages) and plays it with Web Audio; the samples it received are
+exactly the synthesized signal, all of them are played, and time to first audio and RTF are shown.
+A screenshot is saved (``$QWEN3TTS_SCREENSHOT_DIR``, else the test's tmp_path).
+
+Skipped, with the reason, where Chromium is not installed (`apt-get install chromium`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tests.helpers.browser import Browser, chromium, chromium_path
+from tests.helpers.fake_stages import Harness, expected_signal, run
+from tts_common.audio import float_to_pcm16
+
+CHROMIUM = chromium_path()
+pytestmark = pytest.mark.skipif(
+    CHROMIUM is None, reason="Chromium not installed (Debian package `chromium`): no browser test"
+)
+
+FRAMES = 30  # 2.4 s of audio, in several chunks
+
+
+def _speak(browser: Browser, url: str, screenshot: Path) -> dict[str, object]:
+    """Open the page, pick a voice, click Speak, wait until everything received was played."""
+    browser.open(url + "/")
+    voices = browser.wait_for(
+        "Array.from(document.querySelectorAll('#voice option')).map(o => o.value)", 20, "the voice picker"
+    )
+    assert voices == ["vivian", "ryan", "eric", "alloy"], voices
+    browser.evaluate("document.getElementById('voice').value = 'alloy'")  # the alias: Ryan
+    browser.click("#speak")
+    browser.wait_for("document.body.dataset.state === 'done'", 30, "the page to receive the audio")
+    browser.wait_for(
+        "playground.samplesPlayed > 0 && playground.samplesPlayed === playground.samplesReceived",
+        30,
+        "the page to play every sample it received",
+    )
+    browser.screenshot(screenshot)
+    return browser.evaluate(
+        "({state: playground, shown: ['ttfa', 'rtf', 'samples-received', 'samples-played']"
+        ".map(id => document.getElementById(id).textContent),"
+        " pcm: playground.pcm.flatMap(chunk => Array.from(chunk)), status: document.body.dataset.state})"
+    )
+
+
+def test_playground_speaks_in_chromium(tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    screenshot = Path(os.environ.get("QWEN3TTS_SCREENSHOT_DIR") or tmp_path) / "playground.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> dict[str, object]:
+        async with Harness(frames=FRAMES, delay=0.01, http=True, voice_alias=(("alloy", "ryan"),)) as h:
+            with chromium(CHROMIUM) as browser:
+                # The browser is driven synchronously: off the loop that serves it.
+                page = await asyncio.to_thread(_speak, browser, h.http_url, screenshot)
+            assert h.talker.requests[-1].speaker == "ryan"
+            assert h.service.active_streams == 0
+            return page
+
+    page = run(main(), timeout=120)
+    state = page["state"]
+    assert isinstance(state, dict)
+    expected = np.frombuffer(float_to_pcm16(expected_signal(FRAMES)), dtype="<i2")
+    assert state["samplesReceived"] == state["samplesPlayed"] == expected.size
+    assert np.array_equal(np.asarray(page["pcm"], dtype=np.int16), expected)  # exactly the signal
+    assert state["error"] is None and state["seed"]
+    assert isinstance(state["ttfaMs"], (int, float)) and state["ttfaMs"] > 0
+    assert isinstance(state["rtf"], (int, float)) and state["rtf"] > 0
+    ttfa, rtf, received, played = page["shown"]  # type: ignore[misc]
+    assert ttfa.endswith(" ms") and rtf != "–" and received == played == str(expected.size)
+    assert screenshot.read_bytes().startswith(b"\x89PNG")
