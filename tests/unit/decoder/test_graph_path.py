@@ -73,3 +73,28 @@ def test_graph_path_streams_equal_solo_eager(batcher: SessionBatcher, data: st.D
         assert g.position == s.position
     if any(pos):
         assert sum(c.replays for c in batcher.graphs.captured.values()) > replays_before
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+def test_cuda_graphs_equal_emulation_on_the_gpu() -> None:
+    """Real CUDA graphs against the emulation on the same GPU (same buckets and padding)."""
+    dec = init_random_weights(CodecDecoder(small_config()), seed=7).eval().to("cuda")
+    buckets = {"batch_buckets": (1, 2, 4), "frame_buckets": (2, 5)}
+    real = SessionBatcher(dec, use_cuda_graphs=True, **buckets)  # type: ignore[arg-type]
+    emulated = SessionBatcher(dec, use_cuda_graphs=False, emulate_cuda_graphs=True, **buckets)  # type: ignore[arg-type]
+    assert real.graphs is not None and real.graphs.report.mode == "cuda"
+    assert real.graphs.report.names == emulated.graphs.report.names  # type: ignore[union-attr]
+    gen = torch.Generator().manual_seed(0)
+    codes = [
+        torch.randint(0, dec.config.codebook_size, (20, dec.num_quantizers), generator=gen) for _ in range(3)
+    ]
+    a, b = [DecoderSession(dec) for _ in range(3)], [DecoderSession(dec) for _ in range(3)]
+    pos = 0
+    for active, n in (([0, 1, 2], 4), ([0], 1), ([1, 2], 7), ([0, 1, 2], 5)):
+        chunks = [codes[i][pos : pos + n].cuda() for i in active]
+        outs_real = real.advance([a[i] for i in active], chunks)
+        outs_emulated = emulated.advance([b[i] for i in active], chunks)
+        for x, y in zip(outs_real, outs_emulated):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
+        pos += n

@@ -106,6 +106,26 @@ def test_graph_path_equals_eager_with_sampled_rows_bucket_switches_and_moves(mod
     assert graph.codes["r0"][:3] != graph.codes["r4"][:3]  # different seeds, same text: sampled
 
 
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.cuda
+@pytest.mark.parametrize("kernel", ["flex", "sdpa"])
+def test_cuda_graphs_replay_what_the_emulation_computes(kernel: str) -> None:
+    """Real CUDA graphs against their eager emulation on the same GPU: same buckets, padding,
+    kernels and static shapes, so the codes must match exactly (sampled rows included)."""
+    model = TalkerModel.from_checkpoint(CKPT_DIR / NAME, device="cuda")
+    plan = [
+        (0, SamplingParams(seed=7, temperature=0.9, top_k=50, top_p=0.95), 7),
+        (0, SamplingParams.greedy(), 2),
+        (1, SamplingParams(seed=9, subtalker_do_sample=False), 5),
+        (2, SamplingParams(seed=8, do_sample=False, subtalker_do_sample=True), 9),
+        (3, SamplingParams(seed=10), 3),
+    ]
+    config = {"max_slots": 3, "batch_buckets": (1, 2), "in_place_attention": kernel, "device": "cuda"}
+    emulated = _drive(model, _config(True, **config), plan)
+    graphed = _drive(model, _config(False, **config), plan)
+    assert graphed.codes == emulated.codes
+
+
 def test_every_bucket_is_captured_before_serving(tmp_path) -> None:
     config = _config(True, max_slots=5, batch_buckets=(1, 2, 4, 8))
     servicer = TalkerServicer(str(CKPT_DIR / NAME), config)
