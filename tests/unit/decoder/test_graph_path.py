@@ -43,7 +43,7 @@ def test_uncaptured_shape_is_refused(batcher: SessionBatcher) -> None:
         batcher.graphs.step(codes, torch.zeros(3, dtype=torch.long), torch.ones(3, dtype=torch.long), {})
 
 
-@settings(max_examples=10, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(data=st.data(), seed=st.integers(0, 1000))
 def test_graph_path_streams_equal_solo_eager(batcher: SessionBatcher, data: st.DataObject, seed: int) -> None:
     small = batcher.decoder
