@@ -129,7 +129,9 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             self.config.device,
             getattr(torch, self.config.dtype),
         )
-        self.batcher = DecodeBatcher(SessionBatcher(self.decoder), self.compute)
+        # Built on the compute thread: on CUDA it captures every bucket now, before SERVING.
+        batcher = await self.compute.run(SessionBatcher, self.decoder)
+        self.batcher = DecodeBatcher(batcher, self.compute)
         self.batcher.start()
 
     async def close(self) -> None:

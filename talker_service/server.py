@@ -76,6 +76,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             self.engine_config.max_seq_len,
             self.engine.runner.kv_bytes_per_slot / 2**20,
         )
+        graphs = self.engine.runner.graphs
+        if graphs is not None:  # the capture itself logged the buckets; count it with the KV
+            logger.info("talker decode graphs: %s", graphs.report.summary())
 
     def _observe_step(self, batch: int, seconds: float) -> None:
         """Engine-thread callback after each decode step (Prometheus)."""

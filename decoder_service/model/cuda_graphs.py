@@ -1,67 +1,82 @@
-"""Optional CUDA-graph replay of ``CodecDecoder.step`` (cuda only; a thin layer over the eager step).
+"""Graph replay of ``CodecDecoder.step``: every (batch, frames) bucket captured at startup into one
+memory pool (CUDA), or the same bookkeeping emulated eagerly (any device, for CPU CI).
 
 ``CodecDecoder.step`` with a ``lengths`` tensor has no host synchronisation and no data-dependent
-shapes, and every state tensor has a fixed shape, so one (batch, frames) bucket can be captured
-once and replayed: inputs are copied into static buffers, the graph is replayed, outputs are
-cloned out of the graph's static outputs. Used by ``streaming.SessionBatcher`` when the decoder
-lives on a cuda device; CPU never comes here.
+shapes, and every state tensor has a fixed shape, so one (batch, frames) bucket is captured once
+and replayed: inputs are copied into static buffers, the graph is replayed, outputs are cloned out
+of the graph's static outputs (the next replay of any bucket may reuse that memory: one pool).
+Capturing happens when :class:`CudaGraphSteps` is built (the decoder process builds it while
+loading, before health reports SERVING), largest bucket first, through
+:class:`tts_common.cuda_graphs.StepCapture`, which logs what it captured and what it cost.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from torch import Tensor
+
+from tts_common.cuda_graphs import CapturedStep, CaptureMode, StepCapture
 
 from .decoder import CodecDecoder
 from .primitives import State
 
 
-class _CapturedStep:
-    """One captured step for a fixed (batch, frames) shape."""
+class _Bucket:
+    """Static inputs of one (batch, frames) bucket and its step."""
 
-    def __init__(self, decoder: CodecDecoder, batch: int, frames: int, pool: object, warmup: int = 2) -> None:
+    def __init__(self, decoder: CodecDecoder, batch: int, frames: int) -> None:
         dev = decoder.device
+        self.decoder = decoder
         self.codes = torch.zeros((batch, decoder.num_quantizers, frames), dtype=torch.long, device=dev)
         self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
         self.lengths = torch.full((batch,), frames, dtype=torch.long, device=dev)
         self.state = decoder.init_state(batch)
-        stream = torch.cuda.Stream(device=dev)
-        stream.wait_stream(torch.cuda.current_stream(dev))
-        with torch.cuda.stream(stream):  # warm-up off the capture (allocator, kernels, codebook cache)
-            for _ in range(warmup):
-                decoder.step(self.codes, self.positions, self.lengths, self.state)
-        torch.cuda.current_stream(dev).wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph, pool=pool):
-            self.wav, self.new_state = decoder.step(self.codes, self.positions, self.lengths, self.state)
 
-    def __call__(
-        self, codes: Tensor, positions: Tensor, lengths: Tensor, state: State
-    ) -> tuple[Tensor, State]:
-        self.codes.copy_(codes)
-        self.positions.copy_(positions)
-        self.lengths.copy_(lengths)
-        for key, buf in self.state.items():
-            buf.copy_(state[key])
-        self.graph.replay()
-        # the static outputs are overwritten by the next replay: hand out copies
-        return self.wav.clone(), {k: v.clone() for k, v in self.new_state.items()}
+    def run(self) -> tuple[Tensor, State]:
+        return self.decoder.step(self.codes, self.positions, self.lengths, self.state)
 
 
 class CudaGraphSteps:
-    """Lazily captured graphs, one per (batch, frames) bucket, sharing one memory pool."""
+    """One captured step per (batch, frames) bucket, all captured at construction."""
 
-    def __init__(self, decoder: CodecDecoder) -> None:
-        if decoder.device.type != "cuda":
+    def __init__(
+        self,
+        decoder: CodecDecoder,
+        batch_buckets: Sequence[int],
+        frame_buckets: Sequence[int],
+        mode: CaptureMode = "cuda",
+    ) -> None:
+        if mode == "cuda" and decoder.device.type != "cuda":
             raise ValueError("CUDA graphs need a decoder on a cuda device")
         self.decoder = decoder
-        self._pool = torch.cuda.graph_pool_handle()
-        self._graphs: dict[tuple[int, int], _CapturedStep] = {}
+        shapes = sorted(
+            ((b, n) for b in batch_buckets for n in frame_buckets), key=lambda s: (-s[0] * s[1], s)
+        )
+        self._buckets = {shape: _Bucket(decoder, *shape) for shape in shapes}
+        with torch.inference_mode():
+            self.captured, self.report = StepCapture(decoder.device, mode).capture_all(
+                [(self._name(shape), self._buckets[shape].run) for shape in shapes], "decoder step"
+            )
+        self.captured: dict[str, CapturedStep[tuple[Tensor, State]]]
+
+    @staticmethod
+    def _name(shape: tuple[int, int]) -> str:
+        return f"decoder[B={shape[0]},F={shape[1]}]"
 
     def step(self, codes: Tensor, positions: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
-        """Same contract as ``CodecDecoder.step`` (``lengths`` required)."""
-        key = (int(codes.shape[0]), int(codes.shape[-1]))
-        graph = self._graphs.get(key)
-        if graph is None:
-            graph = self._graphs[key] = _CapturedStep(self.decoder, key[0], key[1], self._pool)
-        return graph(codes, positions, lengths, state)
+        """Same contract as ``CodecDecoder.step`` (``lengths`` required; the shape must be a
+        captured bucket)."""
+        shape = (int(codes.shape[0]), int(codes.shape[-1]))
+        bucket = self._buckets.get(shape)
+        if bucket is None:
+            raise ValueError(f"no graph was captured for (batch, frames) = {shape}")
+        bucket.codes.copy_(codes)
+        bucket.positions.copy_(positions)
+        bucket.lengths.copy_(lengths)
+        for key, buf in bucket.state.items():
+            buf.copy_(state[key])
+        wav, new_state = self.captured[self._name(shape)].replay()
+        # the static outputs are overwritten by the next replay: hand out copies
+        return wav.clone(), {k: v.clone() for k, v in new_state.items()}

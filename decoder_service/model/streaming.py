@@ -257,8 +257,10 @@ class SessionBatcher:
     frame bucket are decoded in several steps (exact: streaming is chunking-invariant).
     ``pad_to_buckets`` (default: only on cuda — on CPU padded rows/frames are pure extra work)
     pads every step to its bucket. ``use_cuda_graphs`` (cuda only; default: on when the decoder is
-    on cuda) replays one captured graph per bucket (``cuda_graphs.CudaGraphSteps``); on CPU every
-    step runs eagerly.
+    on cuda) replays one graph per (batch, frames) bucket, all captured here, at construction
+    (``cuda_graphs.CudaGraphSteps``: one memory pool, largest first). ``emulate_cuda_graphs`` runs
+    that same graph path on any device with eager replays (CPU tests of the bookkeeping); otherwise
+    CPU steps run eagerly.
     """
 
     def __init__(
@@ -268,6 +270,7 @@ class SessionBatcher:
         frame_buckets: Sequence[int] = (1, 2, 4, 8, 16, 25, 32),
         use_cuda_graphs: bool | None = None,
         pad_to_buckets: bool | None = None,
+        emulate_cuda_graphs: bool = False,
     ) -> None:
         self.decoder = decoder
         self.batch_buckets = tuple(sorted(batch_buckets))
@@ -277,14 +280,16 @@ class SessionBatcher:
             use_cuda_graphs = on_cuda
         if use_cuda_graphs and not on_cuda:
             raise ValueError("CUDA graphs need a decoder on a cuda device")
-        self.pad_to_buckets = on_cuda if pad_to_buckets is None else pad_to_buckets
-        if use_cuda_graphs and not self.pad_to_buckets:
+        graphs = use_cuda_graphs or emulate_cuda_graphs
+        self.pad_to_buckets = (on_cuda or graphs) if pad_to_buckets is None else pad_to_buckets
+        if graphs and not self.pad_to_buckets:
             raise ValueError("CUDA graphs need static shapes (pad_to_buckets)")
         self.graphs: CudaGraphSteps | None = None
-        if use_cuda_graphs:
+        if graphs:
             from .cuda_graphs import CudaGraphSteps
 
-            self.graphs = CudaGraphSteps(decoder)
+            mode = "emulated" if emulate_cuda_graphs else "cuda"
+            self.graphs = CudaGraphSteps(decoder, self.batch_buckets, self.frame_buckets, mode)
 
     def advance(self, sessions: Sequence[DecoderSession], chunks: Sequence[CodesLike]) -> list[Tensor]:
         """Same contract as :func:`advance_sessions`."""

@@ -2,10 +2,12 @@
 
 - :mod:`.config` — :class:`EngineConfig` (slots, sequence length, queue bound, buckets, budgets).
 - :mod:`.request` — the engine's request and the events it delivers.
-- :mod:`.scheduler` — queue and slot bookkeeping (``add`` / ``schedule`` / ``update``; no tensors).
+- :mod:`.scheduler` — queue and slot bookkeeping (``add`` / ``schedule`` / ``update``; no tensors;
+  running requests kept in slots 0..n-1).
 - :mod:`.slot_table` — per-slot decode state between steps.
 - :mod:`.runner` — prefill and one batched decode step over the model.
-- :mod:`.cuda_graphs` — the CUDA-graph replay of that step (CUDA only).
+- :mod:`.cuda_graphs` — the graph path of that step: one static step per batch bucket over the
+  compact slots 0..B-1, all captured at startup (CUDA graphs, or their eager CPU emulation).
 - :mod:`.engine` — the loop thread, the async ``generate`` and the offline ``generate_all``.
 """
 

@@ -20,12 +20,22 @@ class EngineConfig:
     max_waiting: int = 64
     """Requests allowed to wait for a slot; more are refused (RESOURCE_EXHAUSTED)."""
     batch_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata=NOT_A_FLAG)
-    """Batch sizes a decode step is padded to on CUDA (one captured graph each)."""
+    """Batch sizes a decode step is padded to on CUDA (one captured graph each, all captured at
+    startup; ``max_slots`` is always one, larger ones are dropped: see :attr:`graph_buckets`)."""
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
     use_cuda_graphs: bool = field(default=True, metadata=flag(name="--no-cuda-graphs", negate=True))
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
+    emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
+    """Run the graph path without CUDA (any device): "capture" records each bucket's static step,
+    "replay" reruns it eagerly on the same buffers. For tests of the graph bookkeeping on CPU."""
+    in_place_attention: str = field(default="auto", metadata=NOT_A_FLAG)
+    """Graph-path attention kernel: "flex" (FlexAttention), "sdpa" (masked SDPA) or "auto"
+    (flex on CUDA, sdpa elsewhere); see talker_service.model.decode_attention."""
+    noise_steps_per_draw: int = field(default=8, metadata=NOT_A_FLAG)
+    """Decode steps of Gumbel noise a sampling request draws at once (per-slot noise table of
+    this many steps, ~1 MiB per slot at 8 for the released vocabularies)."""
     runaway_guard: RunawayGuard = field(default=RUNAWAY_GUARD, metadata=NOT_A_FLAG)
     """Frame budget of requests that leave max_new_tokens unset (capped to what fits a slot)."""
     device: str = field(default="cpu", metadata=NOT_A_FLAG)
@@ -35,9 +45,15 @@ class EngineConfig:
         """Frames a slot holds after a prompt of ``prompt_len`` positions (one kept spare)."""
         return self.max_seq_len - prompt_len - 1
 
+    @property
+    def graph_buckets(self) -> tuple[int, ...]:
+        """The batch buckets captured as graphs: the configured ones below ``max_slots``, and
+        ``max_slots`` (a bucket-B step runs over slots 0..B-1, so none may exceed the slots)."""
+        return tuple(sorted({b for b in self.batch_buckets if 0 < b < self.max_slots} | {self.max_slots}))
+
     def bucket_for(self, batch: int) -> int:
-        """Smallest configured bucket that holds ``batch`` rows (``batch`` itself past the last)."""
-        for bucket in sorted(self.batch_buckets):
+        """Smallest graph bucket that holds ``batch`` rows (``batch`` <= ``max_slots``)."""
+        for bucket in self.graph_buckets:
             if bucket >= batch:
                 return bucket
-        return batch
+        raise ValueError(f"{batch} rows exceed the {self.max_slots} slots")

@@ -1,112 +1,147 @@
-"""Whole-decode-step CUDA graphs, one per batch bucket (CUDA only; CPU runs the step eagerly).
+"""The graph path of the decode step: one static step per batch bucket, all captured at startup.
 
-What is static (captured once per bucket B):
-  * the input buffers: slot index [B], trailing rows [B, H], Gumbel noise [B, V] and
-    [B, G-1, V_cp] (zeros on greedy rows: ``choose_tokens`` then returns the greedy argmax);
-  * a :class:`DecodeState` of B rows (positions, last code0, past hidden, repetition history,
-    sampling parameters) that the step updates in place;
-  * ``attend_len = max_seq_len``: every row reads its whole slot and masks keys past its own
-    position, so one graph serves every sequence length;
-  * the KV cache itself (the runner's buffers; graphs read and write it by slot index).
-What is replayed: :func:`~talker_service.model.step.decode_step` — the talker forward for the new
-frame, the code predictor's 15 forward passes and all sampling — with no host synchronisation.
-Around each replay, on the host side: gather the active slots' rows into the static state
-(padding rows point at a scratch slot), copy inputs in, replay, scatter the state back, and read
-the step outputs (the one device->host copy per step).
+Running requests sit in slots 0..n-1 (the scheduler keeps them compact), so the step for bucket
+``B = bucket_for(n)`` works on *slots 0..B-1 themselves*, with no gather anywhere:
 
-This is a thin layer over the same static-shape step that the CPU tests exercise; it is written
-and documented but could not be run on this project's CPU-only machines (see the test marked
-``cuda``).
+* state: :func:`~.slot_table.leading_rows` views of the slot table, advanced in place by
+  :func:`~talker_service.model.step.decode_step` (rows with ``active`` False keep theirs: padding
+  rows, which are free slots, and requests waiting for text);
+* KV: the cache's slot views, read in place by :class:`~talker_service.model.decode_attention.
+  InPlaceAttention` with per-row lengths ``positions + 1`` (no ``B x max_seq_len`` copy; on CUDA
+  FlexAttention skips the key blocks past each row's length);
+* noise: row ``noise_rows[b]`` of slot b's noise table, picked inside the step;
+* static inputs per bucket, written by the host before each replay: ``active`` [B] bool,
+  ``trailing`` [B, H], ``noise_rows`` [B] (three small host->device copies);
+* outputs: the step's frame codes, next code0 and EOS flags, packed into one [B, G+2] tensor.
+
+Every bucket of ``EngineConfig.graph_buckets`` is captured when the runner is built (before the
+talker reports SERVING), largest first, into ONE memory pool (:class:`tts_common.cuda_graphs.
+StepCapture`), and the cost is logged and kept in :attr:`GraphStep.report`. The same code runs
+without CUDA in ``"emulated"`` mode (eager replay on the same static buffers), which is how CPU CI
+exercises bucket choice, bucket switches, padding rows and sampled rows against the eager path.
 """
 
 from __future__ import annotations
 
+import logging
+
 import torch
 
+from tts_common.cuda_graphs import CapturedStep, CaptureMode, CaptureReport, StepCapture
+
+from ..model.decode_attention import InPlaceAttention, InPlaceKernel, default_kernel
+from ..model.sampling import split_step_noise
 from ..model.step import DecodeState, StepOutput, decode_step
 from ..model.talker import KVCache, Talker
 from .config import EngineConfig
-from .slot_table import scatter_state
+from .slot_table import leading_rows
+
+logger = logging.getLogger(__name__)
 
 
-class _BucketGraph:
-    """Static buffers and the captured graph of one batch bucket."""
+def graph_mode(config: EngineConfig, device: torch.device) -> CaptureMode | None:
+    """How the runner steps: real CUDA graphs, their emulation, or None (eager)."""
+    if config.emulate_cuda_graphs:
+        return "emulated"
+    if device.type == "cuda" and config.use_cuda_graphs:
+        return "cuda"
+    return None
+
+
+def attention_kernel(config: EngineConfig, device: torch.device) -> InPlaceKernel:
+    """``EngineConfig.in_place_attention`` resolved for ``device``."""
+    choice = config.in_place_attention
+    if choice == "auto":
+        return default_kernel(device)
+    if choice not in ("flex", "sdpa"):
+        raise ValueError(f"in_place_attention must be auto, flex or sdpa, not {choice!r}")
+    return choice  # type: ignore[return-value]
+
+
+class _Bucket:
+    """Static inputs and the step function of one batch bucket."""
 
     def __init__(
-        self, talker: Talker, cache: KVCache, table: DecodeState, config: EngineConfig, batch: int
+        self,
+        talker: Talker,
+        cache: KVCache,
+        table: DecodeState,
+        noise_table: torch.Tensor,
+        batch: int,
+        kernel: InPlaceKernel,
     ) -> None:
         self.batch = batch
-        param = next(talker.parameters())
-        dev, dtype = param.device, param.dtype
-        cfg = talker.cfg
-        cp = cfg.code_predictor
-        self.scratch_slot = config.max_slots  # the extra slot allocated for padding rows
-        self.index = torch.full((batch,), self.scratch_slot, dtype=torch.int64, device=dev)
-        self.trailing = torch.zeros(batch, cfg.hidden_size, dtype=dtype, device=dev)
-        self.talker_noise = torch.zeros(batch, cfg.vocab_size, dtype=torch.float32, device=dev)
-        self.cp_noise = torch.zeros(
-            batch, cp.num_code_groups - 1, cp.vocab_size, dtype=torch.float32, device=dev
+        dev = cache.k.device
+        self.active = torch.zeros(batch, dtype=torch.bool, device=dev)
+        self.trailing = torch.zeros(batch, talker.cfg.hidden_size, dtype=cache.k.dtype, device=dev)
+        self.noise_rows = torch.zeros(batch, dtype=torch.int64, device=dev)
+        self._rows = torch.arange(batch, device=dev)
+        self._talker, self._cache, self._noise_table = talker, cache, noise_table
+        self._state = leading_rows(table, batch)
+        self._attention = InPlaceAttention(batch, cache.max_len, dev, kernel)
+        cp = talker.cfg.code_predictor
+        self._cp_shape = (cp.num_code_groups - 1, cp.vocab_size)
+
+    def run(self) -> torch.Tensor:
+        """The captured step: [B, G+2] int64 = frame codes, next code0, EOS flag."""
+        noise = self._noise_table[: self.batch][self._rows, self.noise_rows]  # [B, W]: B rows, no KV
+        talker_noise, cp_noise = split_step_noise(noise, *self._cp_shape)
+        out = decode_step(
+            self._talker,
+            self._cache,
+            self._state,
+            self.trailing,
+            self._cache.max_len,
+            talker_noise,
+            cp_noise,
+            active=self.active,
+            in_place=self._attention,
         )
-        self.state: DecodeState = table.rows(self.index)
-        self.state.slots = self.index
-        self.graph = torch.cuda.CUDAGraph()
-        self.out: StepOutput | None = None
-        attend_len = config.max_seq_len
-
-        def run() -> StepOutput:
-            return decode_step(
-                talker, cache, self.state, self.trailing, attend_len, self.talker_noise, self.cp_noise
-            )
-
-        # Warm up on a side stream (allocator + lazy init), then capture.
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):
-            for _ in range(2):
-                run()
-        torch.cuda.current_stream().wait_stream(stream)
-        with torch.cuda.graph(self.graph):
-            self.out = run()
+        return torch.cat(
+            [out.frame_codes, out.next_code0[:, None], out.is_eos[:, None].to(out.frame_codes.dtype)], dim=1
+        )
 
 
-class CudaGraphStep:
-    """Replays the captured decode step for the smallest bucket holding the active rows."""
+class GraphStep:
+    """Every bucket's step, captured at construction; :meth:`step` replays the right one."""
 
-    def __init__(self, talker: Talker, cache: KVCache, table: DecodeState, config: EngineConfig) -> None:
-        self.talker, self.cache, self.table, self.config = talker, cache, table, config
-        self._graphs: dict[int, _BucketGraph] = {}
-
-    def _graph(self, bucket: int) -> _BucketGraph:
-        if bucket not in self._graphs:
-            self._graphs[bucket] = _BucketGraph(self.talker, self.cache, self.table, self.config, bucket)
-        return self._graphs[bucket]
-
-    def step(
+    def __init__(
         self,
-        index: torch.Tensor,
-        trailing: torch.Tensor,
-        talker_noise: torch.Tensor | None,
-        cp_noise: torch.Tensor | None,
-    ) -> StepOutput:
-        """One decode step for the rows of slots ``index`` (same contract as the eager step)."""
-        n = index.shape[0]
-        g = self._graph(self.config.bucket_for(n))
-        g.index.fill_(g.scratch_slot)
-        g.index[:n] = index
-        scatter_state(g.state, torch.arange(g.batch, device=index.device), self.table.rows(g.index))
-        g.trailing.zero_()
-        g.trailing[:n] = trailing
-        g.talker_noise.zero_()
-        g.cp_noise.zero_()
-        if talker_noise is not None:
-            g.talker_noise[:n] = talker_noise
-        if cp_noise is not None:
-            g.cp_noise[:n] = cp_noise
-        g.graph.replay()
-        scatter_state(self.table, index, g.state.rows(torch.arange(n, device=index.device)))
-        assert g.out is not None
-        return StepOutput(
-            frame_codes=g.out.frame_codes[:n].clone(),
-            next_code0=g.out.next_code0[:n].clone(),
-            is_eos=g.out.is_eos[:n].clone(),
+        talker: Talker,
+        cache: KVCache,
+        table: DecodeState,
+        noise_table: torch.Tensor,
+        config: EngineConfig,
+        mode: CaptureMode,
+    ) -> None:
+        self.config = config
+        kernel = attention_kernel(config, cache.k.device)
+        self.buckets = {
+            b: _Bucket(talker, cache, table, noise_table, b, kernel) for b in config.graph_buckets
+        }
+        capture = StepCapture(cache.k.device, mode)
+        # Largest first: the first capture sizes the shared pool, smaller ones reuse it. Capture
+        # runs the step with every row inactive, so no slot's state changes.
+        order = sorted(self.buckets, reverse=True)
+        self.captured: dict[str, CapturedStep[torch.Tensor]]
+        self.captured, self.report = capture.capture_all(
+            [(self._name(b), self.buckets[b].run) for b in order], "talker decode step"
         )
+        self.report: CaptureReport
+
+    @staticmethod
+    def _name(batch: int) -> str:
+        return f"talker[B={batch}]"
+
+    def step(self, slots: list[int], trailing: torch.Tensor, noise_rows: list[int]) -> StepOutput:
+        """One decode step for the requests in ``slots`` (all < the running count, so inside
+        the bucket); outputs in the order of ``slots``."""
+        bucket = self.buckets[self.config.bucket_for(max(slots) + 1)]
+        device = bucket.active.device
+        index = torch.tensor(slots, dtype=torch.int64, device=device)
+        bucket.active.zero_()
+        bucket.active[index] = True
+        bucket.trailing[index] = trailing
+        bucket.noise_rows[index] = torch.tensor(noise_rows, dtype=torch.int64, device=device)
+        packed = self.captured[self._name(bucket.batch)].replay()[index]  # a copy: safe past the next replay
+        return StepOutput(frame_codes=packed[:, :-2], next_code0=packed[:, -2], is_eos=packed[:, -1].bool())

@@ -67,7 +67,7 @@ class TalkerEngine:
         self.model = model
         self.config = config
         self.runner = TalkerRunner(model.talker, config)
-        self.scheduler = Scheduler(config)
+        self.scheduler = Scheduler(config, on_move=self.runner.move_slot)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._inbox: list[EngineRequest] = []
@@ -278,8 +278,11 @@ class TalkerEngine:
             return
         t0 = time.monotonic()
         step = self.runner.step(batch)
-        frames = step.frame_codes.cpu().tolist()
-        eos = step.is_eos.cpu().tolist()
+        # One device->host copy per step: codes and EOS flags together.
+        packed = torch.cat([step.frame_codes, step.is_eos[:, None].to(step.frame_codes.dtype)], dim=1)
+        rows = packed.cpu().tolist()
+        frames = [row[:-1] for row in rows]
+        eos = [bool(row[-1]) for row in rows]
         now = time.monotonic()
         self.steps += 1
         self.last_batch_size = len(batch)

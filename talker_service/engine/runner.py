@@ -1,27 +1,34 @@
 """Model-facing half of the talker engine: static KV slots, per-slot decode state, one step.
 
-The runner owns a :class:`~talker_service.model.talker.KVCache` with ``max_slots`` slots and a
-*slot table*: a :class:`~talker_service.model.step.DecodeState` with one row per slot (positions,
-last code0, past hidden state, repetition-penalty history, sampling parameters). A decode step
-gathers the rows of the active slots, runs :func:`~talker_service.model.step.decode_step` on
-them (talker forward + the code predictor's 15 steps + sampling) and scatters the new state back.
+The runner owns a :class:`~talker_service.model.talker.KVCache` with ``max_slots`` slots, a
+*slot table* (:mod:`.slot_table`: one :class:`~talker_service.model.step.DecodeState` row per slot)
+and a per-slot *noise table* ``[max_slots, K, W]``: each sampling request draws K decode steps of
+Gumbel noise at once into its slot's rows (:class:`~talker_service.model.sampling.RequestNoise`).
+The scheduler keeps running requests in slots 0..n-1 and calls :meth:`TalkerRunner.move_slot`
+when one moves down to fill a hole.
 
-CPU: the step runs eagerly with exactly the active rows and ``attend_len = max(position) + 1``,
-which is bit-identical to running each request alone (tests check it). CUDA: the same function
-is captured once per batch bucket as a CUDA graph (:mod:`.cuda_graphs`), with padded rows and a
-static ``attend_len``.
+Two step paths, one step function (:func:`~talker_service.model.step.decode_step`):
+
+* eager (CPU by default): exactly the decoding rows, ``attend_len = max(position) + 1``, masked
+  SDPA over views of the cache — bit-identical to running each request alone (the official
+  parity fixtures run here);
+* graph (:mod:`.cuda_graphs`; CUDA graphs on CUDA, or their CPU emulation with
+  ``EngineConfig.emulate_cuda_graphs``): one static step per batch bucket B over slots 0..B-1,
+  captured at startup, reading the cache in place with per-row lengths
+  (:mod:`~talker_service.model.decode_attention`).
 """
 
 from __future__ import annotations
 
 import torch
 
-from ..model.sampling import RequestNoise, SamplingTensors, step_noise
+from ..model.sampling import RequestNoise, SamplingTensors, split_step_noise, step_noise_width
 from ..model.step import StepOutput, decode_step, prefill
 from ..model.talker import KVCache, Talker
 from .config import EngineConfig
+from .cuda_graphs import GraphStep, graph_mode
 from .request import EngineRequest
-from .slot_table import allocate_table, scatter_state
+from .slot_table import allocate_table, move_row, scatter_state
 
 
 class TalkerRunner:
@@ -32,19 +39,22 @@ class TalkerRunner:
         self.config = config
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        use_graphs = self.device.type == "cuda" and config.use_cuda_graphs
-        # CUDA graphs pad batches to a bucket: padding rows write into one extra scratch slot.
-        num_slots = config.max_slots + (1 if use_graphs else 0)
-        self.cache = KVCache.allocate(talker.cfg, num_slots, config.max_seq_len, self.device, self.dtype)
-        self.table = allocate_table(talker, num_slots, self.device, self.dtype)
+        self.cache = KVCache.allocate(
+            talker.cfg, config.max_slots, config.max_seq_len, self.device, self.dtype
+        )
+        self.table = allocate_table(talker, config.max_slots, self.device, self.dtype)
         cp = talker.cfg.code_predictor
         self.cp_steps = cp.num_code_groups - 1
         self.cp_vocab = cp.vocab_size
-        self._graphs = None
-        if use_graphs:
-            from .cuda_graphs import CudaGraphStep  # CUDA only
-
-            self._graphs = CudaGraphStep(talker, self.cache, self.table, config)
+        width = step_noise_width(talker.cfg.vocab_size, self.cp_vocab, self.cp_steps)
+        self.noise_table = torch.zeros(
+            config.max_slots, config.noise_steps_per_draw, width, dtype=torch.float32, device=self.device
+        )
+        """[slot, K, W]: the next K decode steps of Gumbel noise of the slot's request."""
+        mode = graph_mode(config, self.device)
+        self.graphs: GraphStep | None = None
+        if mode is not None:  # captures every bucket now, before the process reports SERVING
+            self.graphs = GraphStep(talker, self.cache, self.table, self.noise_table, config, mode)
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -55,7 +65,12 @@ class TalkerRunner:
         """Write the request's prompt into its slot and choose code0 of frame 0."""
         assert request.slot is not None and request.prompt is not None
         request.noise = RequestNoise(
-            request.sampling, self.talker.cfg.vocab_size, self.cp_vocab, self.cp_steps, self.device
+            request.sampling,
+            self.talker.cfg.vocab_size,
+            self.cp_vocab,
+            self.cp_steps,
+            self.device,
+            steps_per_draw=self.config.noise_steps_per_draw,
         )
         params = SamplingTensors.stack([request.sampling], self.device)
         noise = request.noise.talker() if request.sampling.do_sample else None
@@ -63,24 +78,49 @@ class TalkerRunner:
         state = prefill(self.talker, self.cache, request.slot, embeds, params, noise)
         scatter_state(self.table, torch.tensor([request.slot], device=self.device), state)
 
+    def move_slot(self, request: EngineRequest, src: int, dst: int) -> None:
+        """The scheduler moved ``request`` from slot ``src`` to ``dst``: copy its KV prefix, its
+        slot-table row and its noise rows (the scheduler's ``on_move``)."""
+        # Host bookkeeping bounds the written prefix without a device sync (+1: the position a
+        # request waiting for text may already have written).
+        self.cache.copy_slot(src, dst, request.prompt_len + request.frames_emitted + 1)
+        move_row(self.table, src, dst)
+        self.noise_table[dst].copy_(self.noise_table[src])
+
     def _trailing_rows(self, requests: list[EngineRequest]) -> torch.Tensor:
         """[B, H]: each row's next trailing text embedding, or tts_pad once exhausted."""
         rows = [r.prompt.trailing_row(r.frames_emitted) for r in requests]  # type: ignore[union-attr]
         return torch.stack(rows).to(self.device, self.dtype)
 
+    def _noise_rows(self, requests: list[EngineRequest]) -> list[int]:
+        """Per request, the row of its slot's noise table holding this step's noise (drawing the
+        next K steps first when used up; greedy requests never draw)."""
+        rows = []
+        for r in requests:
+            assert r.noise is not None and r.slot is not None, "noise streams are created at prefill"
+            rows.append(r.noise.next_step(self.noise_table[r.slot]) if r.noise.samples else 0)
+        return rows
+
     def step(self, requests: list[EngineRequest]) -> StepOutput:
-        """One decode step for ``requests`` (each in its slot); outputs on the model device."""
-        index = torch.tensor([r.slot for r in requests], device=self.device, dtype=torch.int64)
-        trailing = self._trailing_rows(requests)
-        noises = [r.noise for r in requests]
-        assert all(n is not None for n in noises), "noise streams are created at prefill"
-        talker_noise, cp_noise = step_noise(noises)  # type: ignore[arg-type]
-        if self._graphs is not None:
-            return self._graphs.step(index, trailing, talker_noise, cp_noise)
-        rows = self.table.rows(index)
+        """One decode step for ``requests`` (each in its slot); outputs on the model device, one
+        row per request in the given order."""
         slots = [r.slot for r in requests]
-        # Rows in slots 0..B-1 (the common case, see Scheduler) read the cache through views;
-        # otherwise K/V are gathered and scattered by slot index.
+        trailing = self._trailing_rows(requests)
+        noise_rows = self._noise_rows(requests)
+        if self.graphs is not None:
+            return self.graphs.step(slots, trailing, noise_rows)  # type: ignore[arg-type]
+        index = torch.tensor(slots, device=self.device, dtype=torch.int64)
+        talker_noise = cp_noise = None
+        if any(r.sampling.do_sample or r.sampling.subtalker_do_sample for r in requests):
+            noise = self.noise_table[index, torch.tensor(noise_rows, device=self.device)]
+            talker_noise, cp_noise = split_step_noise(noise, self.cp_steps, self.cp_vocab)
+            if not any(r.sampling.do_sample for r in requests):
+                talker_noise = None  # static choice: no sampling work for an all-greedy stage
+            if not any(r.sampling.subtalker_do_sample for r in requests):
+                cp_noise = None
+        rows = self.table.rows(index)
+        # Rows in slots 0..B-1 (the usual case: the scheduler keeps slots compact) read the
+        # cache through views; otherwise K/V are gathered and scattered by slot index.
         rows.slots = None if slots == list(range(len(slots))) else index
         # Host-side bookkeeping gives the longest attended prefix without a device sync.
         attend_len = max(r.prompt_len + r.frames_emitted for r in requests) + 1

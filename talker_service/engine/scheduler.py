@@ -11,15 +11,18 @@ The engine loop calls, once per iteration:
 * :meth:`Scheduler.update` with the step's EOS flags -> the requests that finished (EOS or frame
   budget), their slots freed.
 
-Requests wait in a bounded FIFO queue and take the lowest free slot, so running requests tend to
-occupy slots 0..B-1 and the step can read the cache through views instead of gathering by slot.
+Requests wait in a bounded FIFO queue. Running requests always occupy slots 0..n-1: a newcomer
+takes slot n (the lowest free one), and when a request leaves a lower slot the one in the highest
+slot moves into the hole (``on_move(request, src, dst)`` tells the runner to copy that slot's KV
+rows and state: one copy per finish). So every step reads the cache through views of slots
+0..B-1 (a bucket-B CUDA graph included) instead of gathering each row's slot, and the graph path
+needs no scratch slot: its padding rows are free slots.
 """
 
 from __future__ import annotations
 
-import heapq
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from tts_common.errors import CapacityError
@@ -40,14 +43,18 @@ class SchedulerOutput:
     """Requests that take this decode step (slot order; the newly prefilled ones included)."""
 
 
-class Scheduler:
-    """Bounded waiting queue plus a fixed set of KV slots."""
+SlotMove = Callable[[EngineRequest, int, int], None]
+"""``on_move(request, src, dst)``: ``request`` now lives in slot ``dst`` instead of ``src``."""
 
-    def __init__(self, config: EngineConfig) -> None:
+
+class Scheduler:
+    """Bounded waiting queue plus a fixed set of KV slots, kept compact (slots 0..n-1)."""
+
+    def __init__(self, config: EngineConfig, on_move: SlotMove | None = None) -> None:
         self.config = config
+        self.on_move = on_move
         self._waiting: deque[EngineRequest] = deque()
         self._running: dict[int, EngineRequest] = {}
-        self._free_slots: list[int] = list(range(config.max_slots))  # a min-heap
 
     @property
     def num_running(self) -> int:
@@ -59,8 +66,9 @@ class Scheduler:
 
     @property
     def requests(self) -> list[EngineRequest]:
-        """Every request the scheduler holds (waiting, then running)."""
-        return [*self._waiting, *self._running.values()]
+        """Every request the scheduler holds: waiting, then running from the highest slot down
+        (removing them in this order moves no slot)."""
+        return [*self._waiting, *(self._running[s] for s in sorted(self._running, reverse=True))]
 
     def check_queue(self, pending: int = 0) -> None:
         """CapacityError if the waiting queue (plus ``pending`` requests on their way into it)
@@ -97,17 +105,18 @@ class Scheduler:
         if any(r.cancelled.is_set() for r in self._waiting):
             out.aborted = [r for r in self._waiting if r.cancelled.is_set()]
             self._waiting = deque(r for r in self._waiting if not r.cancelled.is_set())
-        for request in list(self._running.values()):
+        for slot in sorted(self._running, reverse=True):  # highest first: fewest moves
+            request = self._running[slot]
             if request.cancelled.is_set():
                 self._release(request)
                 out.aborted.append(request)
         budget = self.config.max_prefill_tokens_per_step
-        while self._waiting and self._free_slots:
+        while self._waiting and self._has_free_slot:
             request = self._waiting[0]
             if out.prefill and request.prompt_len > budget:
                 break
             self._waiting.popleft()
-            request.slot = heapq.heappop(self._free_slots)
+            request.slot = len(self._running)  # the lowest free slot
             self._running[request.slot] = request
             out.prefill.append(request)
             budget -= request.prompt_len
@@ -118,7 +127,7 @@ class Scheduler:
         """Whether :meth:`schedule` would do anything now (the loop sleeps otherwise)."""
         if any(r.cancelled.is_set() for r in self.requests):
             return True
-        if self._waiting and self._free_slots:
+        if self._waiting and self._has_free_slot:
             return True
         return any(not r.waiting_for_text for r in self._running.values())
 
@@ -137,7 +146,7 @@ class Scheduler:
                 finished.append((request, FinishReason.EOS))
             elif request.frames_emitted >= request.max_frames:
                 finished.append((request, FinishReason.LENGTH))
-        for request, _ in finished:
+        for request, _ in sorted(finished, key=lambda f: -(f[0].slot or 0)):  # highest slot first
             self._release(request)
         return finished
 
@@ -147,8 +156,19 @@ class Scheduler:
             self._waiting.remove(request)
         self._release(request)
 
+    @property
+    def _has_free_slot(self) -> bool:
+        return len(self._running) < self.config.max_slots
+
     def _release(self, request: EngineRequest) -> None:
-        if request.slot is not None and self._running.get(request.slot) is request:
-            del self._running[request.slot]
-            heapq.heappush(self._free_slots, request.slot)
+        hole = request.slot
+        if hole is not None and self._running.get(hole) is request:
+            del self._running[hole]
+            last = len(self._running)  # the highest occupied slot
+            if hole < last:  # keep slots 0..n-1 occupied: the last request fills the hole
+                mover = self._running.pop(last)
+                mover.slot = hole
+                self._running[hole] = mover
+                if self.on_move is not None:
+                    self.on_move(mover, last, hole)
         request.slot = None

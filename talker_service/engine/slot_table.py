@@ -1,9 +1,10 @@
 """The slot table: the per-slot decode state that lives between steps.
 
 One :class:`~talker_service.model.step.DecodeState` row per KV slot (position, last code0, past
-hidden state, repetition-penalty history, sampling parameters). A decode step gathers the rows of
-its requests (``table.rows(index)``), advances them and scatters them back
-(:func:`scatter_state`). Shared by the eager runner and the CUDA-graph step.
+hidden state, repetition-penalty history, sampling parameters). The eager step gathers the rows of
+its requests (``table.rows(index)``), advances them and scatters them back (:func:`scatter_state`);
+the graph step advances :func:`leading_rows` (views of slots 0..B-1) in place. Shared by the eager
+runner and the graph step.
 """
 
 from __future__ import annotations
@@ -43,3 +44,25 @@ def scatter_state(table: DecodeState, index: torch.Tensor, rows: DecodeState) ->
                 getattr(table.params, g.name)[index] = getattr(rows.params, g.name)
         else:
             getattr(table, f.name)[index] = getattr(rows, f.name)
+
+
+def leading_rows(table: DecodeState, batch: int) -> DecodeState:
+    """Views of slots 0..batch-1 (``slots`` None: row b is slot b). Updating them in place
+    updates the table: the graph step needs no gather or scatter of the state."""
+    return DecodeState(
+        slots=None,
+        positions=table.positions[:batch],
+        last_code0=table.last_code0[:batch],
+        past_hidden=table.past_hidden[:batch],
+        presence=table.presence[:batch],
+        num_generated=table.num_generated[:batch],
+        params=SamplingTensors(
+            **{g.name: getattr(table.params, g.name)[:batch] for g in fields(SamplingTensors)}
+        ),
+    )
+
+
+def move_row(table: DecodeState, src: int, dst: int) -> None:
+    """Copy slot ``src``'s row into slot ``dst`` (a request moving slots)."""
+    device = table.positions.device
+    scatter_state(table, torch.tensor([dst], device=device), table.rows(torch.tensor([src], device=device)))

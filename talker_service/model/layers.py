@@ -8,6 +8,8 @@ TTS, which makes it exactly plain 1-D RoPE, so one implementation serves both mo
 
 The attention layer does not own a cache: callers pass the K/V buffers of this layer (see
 :class:`talker_service.model.talker.KVCache`) and describe where to write and what to attend.
+The eager path attends with SDPA (the reference's kernel, bit-exact official parity on CPU); the
+graph path reads the cache in place with per-row lengths (:mod:`.decode_attention`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,8 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 from torch import nn
+
+from .decode_attention import InPlaceAttention
 
 
 class RMSNorm(nn.Module):
@@ -91,6 +95,9 @@ class AttentionSpec:
     * ``mask``: bool [B, 1, S, attend_len] (True = visible) or None; ``is_causal``: use SDPA's
       causal mode instead (only valid when the new tokens sit at positions 0..S-1 and
       ``attend_len == S``, which is the reference's unmasked prefill path bit for bit).
+    * ``in_place``: per-row key lengths of a one-token decode step over slots 0..B-1 (``slots``
+      None, ``attend_len`` = the whole slot, ``mask`` None): attention reads the cache views in
+      place with its kernel instead of SDPA with ``mask``.
     """
 
     positions: torch.Tensor
@@ -98,6 +105,7 @@ class AttentionSpec:
     attend_len: int
     mask: torch.Tensor | None
     is_causal: bool
+    in_place: InPlaceAttention | None = None
 
 
 def write_and_read_kv(
@@ -157,16 +165,20 @@ class Attention(nn.Module):
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         keys, values = write_and_read_kv(k_buf, v_buf, k, v, spec)
-        out = F.scaled_dot_product_attention(
-            q,
-            keys,
-            values,
-            attn_mask=spec.mask,
-            dropout_p=0.0,
-            is_causal=spec.is_causal,
-            scale=self.scaling,
-            enable_gqa=self.heads != self.kv_heads,
-        )
+        gqa = self.heads != self.kv_heads
+        if spec.in_place is not None:
+            out = spec.in_place.attend(q, keys, values, self.scaling, gqa)
+        else:
+            out = F.scaled_dot_product_attention(
+                q,
+                keys,
+                values,
+                attn_mask=spec.mask,
+                dropout_p=0.0,
+                is_causal=spec.is_causal,
+                scale=self.scaling,
+                enable_gqa=gqa,
+            )
         out = out.transpose(1, 2).reshape(b, s, -1)
         return self.o_proj(out)
 

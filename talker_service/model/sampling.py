@@ -14,7 +14,8 @@ tensor. :class:`RequestNoise` draws it per request from the request's own seeded
 Draw order per request (only the enabled stages draw):
   prefill: one talker draw [talker_vocab] for code0 of frame 0;
   each decode step: the code-predictor draws [G-1, cp_vocab] (codes 1..G-1 of the previous frame,
-  in codebook order) and then one talker draw [talker_vocab] for the next code0.
+  in codebook order) and then one talker draw [talker_vocab] for the next code0 (drawn several
+  steps at a time, in that order, see :class:`RequestNoise`).
 """
 
 from __future__ import annotations
@@ -134,7 +135,16 @@ def choose_tokens(
 
 
 class RequestNoise:
-    """Per-request Gumbel noise stream (see the module docstring for the draw order)."""
+    """Per-request Gumbel noise stream (see the module docstring for the draw order).
+
+    Decode-step noise is drawn ``steps_per_draw`` steps at a time (one generator call per stage
+    instead of one per step and stage: fewer launches on a GPU) into a chunk ``[K, W]`` the caller
+    owns (the runner's per-slot noise table), ``W = cp_steps * cp_vocab + talker_vocab``: row i =
+    step i's code-predictor noise then its talker noise. Drawing K steps at once consumes the
+    generator in the same order as K single steps, so on CPU the numbers equal the step-by-step
+    draws; either way they do not depend on the batch or on the step's code path (eager or graph).
+    Columns of a stage that does not sample are left as they are (greedy rows ignore noise).
+    """
 
     def __init__(
         self,
@@ -143,45 +153,67 @@ class RequestNoise:
         cp_vocab: int,
         cp_steps: int,
         device: torch.device | str = "cpu",
+        steps_per_draw: int = 8,
     ) -> None:
         self.params = params
         self.talker_vocab, self.cp_vocab, self.cp_steps = talker_vocab, cp_vocab, cp_steps
         self.device = torch.device(device)
+        self.steps_per_draw = steps_per_draw
+        self._next = steps_per_draw  # row of the chunk the next step uses (K: draw a new chunk)
         self.generator = torch.Generator(device=self.device)
         if params.seed is None:
             self.generator.seed()
         else:
             self.generator.manual_seed(int(params.seed))
 
-    def _gumbel(self, *shape: int) -> torch.Tensor:
-        e = torch.empty(shape, device=self.device, dtype=torch.float32).exponential_(generator=self.generator)
-        return -torch.log(e.clamp_min(torch.finfo(torch.float32).tiny))
+    @property
+    def width(self) -> int:
+        """W: noise values of one decode step."""
+        return step_noise_width(self.talker_vocab, self.cp_vocab, self.cp_steps)
+
+    @property
+    def samples(self) -> bool:
+        """Whether any stage samples (otherwise no noise is ever drawn)."""
+        return self.params.do_sample or self.params.subtalker_do_sample
+
+    def _gumbel_(self, out: torch.Tensor) -> torch.Tensor:
+        """Fill contiguous ``out`` with Gumbel noise ``-log(E)``, ``E ~ Exp(1)``."""
+        out.exponential_(generator=self.generator)
+        return out.clamp_min_(torch.finfo(torch.float32).tiny).log_().neg_()
 
     def talker(self) -> torch.Tensor:
-        """[talker_vocab] noise for one code0 draw (zeros when the talker is greedy)."""
-        if not self.params.do_sample:
-            return torch.zeros(self.talker_vocab, device=self.device)
-        return self._gumbel(self.talker_vocab)
+        """[talker_vocab] noise for code0 of frame 0 (drawn at prefill; zeros when greedy)."""
+        out = torch.zeros(self.talker_vocab, device=self.device)
+        return self._gumbel_(out) if self.params.do_sample else out
 
-    def step(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Noise for one decode step in draw order: (code predictor [cp_steps, cp_vocab], talker [talker_vocab])."""
-        cp = self.code_predictor()
-        return cp, self.talker()
+    def next_step(self, chunk: torch.Tensor) -> int:
+        """The row of ``chunk`` [K, W] holding the next decode step's noise; first draws the next
+        K steps into it when the previous K are used up."""
+        if self._next == self.steps_per_draw:
+            self._draw(chunk)
+            self._next = 0
+        row = self._next
+        self._next += 1
+        return row
 
-    def code_predictor(self) -> torch.Tensor:
-        """[cp_steps, cp_vocab] noise for one frame's codes 1.. (zeros when greedy)."""
-        if not self.params.subtalker_do_sample:
-            return torch.zeros(self.cp_steps, self.cp_vocab, device=self.device)
-        return self._gumbel(self.cp_steps, self.cp_vocab)
+    def _draw(self, chunk: torch.Tensor) -> None:
+        cp_width = self.cp_steps * self.cp_vocab
+        cp, talker = self.params.subtalker_do_sample, self.params.do_sample
+        if cp and talker:
+            self._gumbel_(chunk)  # contiguous: both stages in draw order
+        elif cp or talker:
+            columns = slice(0, cp_width) if cp else slice(cp_width, None)
+            width = cp_width if cp else self.talker_vocab
+            drawn = torch.empty(self.steps_per_draw, width, device=self.device)
+            chunk[:, columns].copy_(self._gumbel_(drawn))
 
 
-def step_noise(noises: Sequence[RequestNoise]) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-    """One decode step's Gumbel noise for a batch: (talker [B, V] or None, code predictor
-    [B, G-1, V_cp] or None). Each request draws in its own order (code predictor, then talker);
-    a stage is None when no row samples there (a static choice for the step function)."""
-    any_talker = any(n.params.do_sample for n in noises)
-    any_cp = any(n.params.subtalker_do_sample for n in noises)
-    if not (any_talker or any_cp):
-        return None, None
-    cp_rows, talker_rows = zip(*(n.step() for n in noises))
-    return (torch.stack(talker_rows) if any_talker else None, torch.stack(cp_rows) if any_cp else None)
+def step_noise_width(talker_vocab: int, cp_vocab: int, cp_steps: int) -> int:
+    """W: noise values of one decode step (code predictor then talker)."""
+    return cp_steps * cp_vocab + talker_vocab
+
+
+def split_step_noise(noise: torch.Tensor, cp_steps: int, cp_vocab: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """[B, W] step noise -> (talker [B, V], code predictor [B, G-1, V_cp])."""
+    cp_width = cp_steps * cp_vocab
+    return noise[:, cp_width:], noise[:, :cp_width].reshape(-1, cp_steps, cp_vocab)

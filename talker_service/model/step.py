@@ -8,6 +8,9 @@ row is finished when ``next_code0`` is EOS (that EOS frame is never completed or
 
 :func:`decode_step` is written for CUDA-graph capture: static shapes for fixed (B, attend_len,
 sampling on/off), no ``.item()``, no Python branching on tensor values, state updated in place.
+The graph path (:mod:`talker_service.engine.cuda_graphs`) runs it over cache slots 0..B-1 with the
+slot table's rows as the state (views, updated in place), in-place attention, and an ``active``
+mask for the rows that take no step (padding rows, requests waiting for text).
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from .decode_attention import InPlaceAttention
 from .layers import AttentionSpec
 from .sampling import SamplingTensors, apply_talker_penalties, choose_tokens
 from .talker import KVCache, Talker
@@ -214,26 +218,45 @@ def decode_step(
     attend_len: int,
     talker_noise: torch.Tensor | None = None,
     cp_noise: torch.Tensor | None = None,
+    *,
+    active: torch.Tensor | None = None,
+    in_place: InPlaceAttention | None = None,
 ) -> StepOutput:
     """One whole decode step for every row of ``state`` (updated in place).
 
     trailing_rows [B, H]: the row's next trailing text embedding, or tts_pad once exhausted.
     attend_len (static int): > every row's ``positions`` (use a bucket for CUDA graphs; the
     exact ``max(positions)+1`` reproduces the reference bit for bit at batch 1).
-    talker_noise [B, V] / cp_noise [B, G-1, cp_vocab]: Gumbel noise (zeros on greedy rows), or
+    talker_noise [B, V] / cp_noise [B, G-1, cp_vocab]: Gumbel noise (ignored on greedy rows), or
     None when no row samples at that stage (a static choice).
+    active [B] bool or None (all): rows whose state advances. An inactive row still computes (and
+    writes K/V at its current position, which its next real step overwrites) but its state is
+    left as it was and its outputs are meaningless.
+    in_place: read the cache in place with per-row lengths (rows = slots 0..B-1, ``attend_len`` =
+    the slot length; see :meth:`Talker.forward`).
     """
     with torch.inference_mode():
         residual = predict_residual_codes(talker, state.past_hidden, state.last_code0, state.params, cp_noise)
         frame = torch.cat([state.last_code0[:, None], residual], dim=1)
         x = talker.frame_embed(frame) + trailing_rows
-        hidden = talker(x[:, None], state.positions[:, None], cache, state.slots, attend_len)
+        hidden = talker(
+            x[:, None], state.positions[:, None], cache, state.slots, attend_len, in_place=in_place
+        )
         past_hidden = hidden[:, -1]
         logits = talker.logits(past_hidden)
         code0 = choose_code0(talker, logits, state.presence, state.num_generated, state.params, talker_noise)
-        state.presence.scatter_(1, code0[:, None], True)
-        state.num_generated.add_(1)
-        state.positions.add_(1)
-        state.last_code0.copy_(code0)
-        state.past_hidden.copy_(past_hidden)
+        if active is None:
+            state.presence.scatter_(1, code0[:, None], True)
+            state.num_generated.add_(1)
+            state.positions.add_(1)
+            state.last_code0.copy_(code0)
+            state.past_hidden.copy_(past_hidden)
+        else:
+            state.presence.scatter_(
+                1, code0[:, None], active[:, None] | state.presence.gather(1, code0[:, None])
+            )
+            state.num_generated.add_(active)
+            state.positions.add_(active)
+            state.last_code0.copy_(torch.where(active, code0, state.last_code0))
+            state.past_hidden.copy_(torch.where(active[:, None], past_hidden, state.past_hidden))
         return StepOutput(frame_codes=frame, next_code0=code0, is_eos=code0 == talker.cfg.codec_eos_token_id)

@@ -20,6 +20,7 @@ from torch import nn
 from tts_common.config import TalkerConfig
 
 from .code_predictor import CodePredictor
+from .decode_attention import InPlaceAttention
 from .layers import AttentionSpec, DecoderStack
 from .sampling import suppress_mask
 
@@ -52,6 +53,14 @@ class KVCache:
     @property
     def num_slots(self) -> int:
         return self.k.shape[1]
+
+    def copy_slot(self, src: int, dst: int, length: int) -> None:
+        """Copy the first ``length`` positions of slot ``src`` into slot ``dst`` (one request
+        moving to another slot; what lies past ``length`` is never read)."""
+        n = min(length, self.max_len)
+        self.k[:, dst, :, :n].copy_(self.k[:, src, :, :n])
+        self.v[:, dst, :, :n].copy_(self.v[:, src, :, :n])
+        self.lengths[dst] = self.lengths[src]
 
     @property
     def max_len(self) -> int:
@@ -140,6 +149,7 @@ class Talker(nn.Module):
         slots: int | torch.Tensor | None,
         attend_len: int,
         prefill: bool = False,
+        in_place: InPlaceAttention | None = None,
     ) -> torch.Tensor:
         """Run new tokens through the talker, writing their K/V into the cache.
 
@@ -148,17 +158,29 @@ class Talker(nn.Module):
         b, tensor [B] = slot per row). ``attend_len`` (static) must be > every position.
         ``prefill=True`` declares positions 0..S-1 of a single row with ``attend_len == S`` and
         uses SDPA's causal mode (the reference's unmasked prefill path).
+        ``in_place`` (one new token per row, rows = slots 0..B-1, ``attend_len`` = the slot
+        length): row b attends to keys [0, positions[b] + 1) read in place from its slot
+        (:mod:`.decode_attention`).
         Returns the final-norm hidden states [B, S, H] (``past_hidden`` source).
         """
+        mask = None
         if prefill:
             if positions.shape[0] != 1 or attend_len != positions.shape[1]:
                 raise ValueError("prefill=True needs one row at positions 0..S-1 and attend_len == S")
-            mask = None
+        elif in_place is not None:
+            if slots is not None or positions.shape[1] != 1 or attend_len != cache.max_len:
+                raise ValueError("in-place attention needs rows in slots 0..B-1, one token, the whole slot")
+            in_place.set_lengths(positions[:, 0] + 1)
         else:
             key_pos = torch.arange(attend_len, device=positions.device)
             mask = (key_pos[None, None, :] <= positions[:, :, None]).unsqueeze(1)
         spec = AttentionSpec(
-            positions=positions, slots=slots, attend_len=attend_len, mask=mask, is_causal=prefill
+            positions=positions,
+            slots=slots,
+            attend_len=attend_len,
+            mask=mask,
+            is_causal=prefill,
+            in_place=in_place,
         )
         hidden = self.model.run_layers(inputs_embeds, cache.k, cache.v, spec)
         new_len = positions[:, -1] + 1

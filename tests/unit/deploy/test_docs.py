@@ -121,6 +121,72 @@ def test_slots_per_gpu_table() -> None:
             assert 0 < value <= 0.85 * ceiling, f"{gpu}: suggested {value}, ceiling {ceiling}"
 
 
+BANDWIDTH_TBS = {
+    "H200": 4.80,
+    "H100 SXM": 3.35,
+    "A100": 2.04,
+    "A10G / A10": 0.60,
+    "L4": 0.30,
+}
+"""Peak memory bandwidth of each GPU (vendor data sheets), TB/s."""
+ACHIEVED, STEP_TARGET_S, LIVE_CONTEXT = 0.6, 0.040, 512
+
+
+def _values_read_per_step(size: str) -> int:
+    """Weights a decode step reads: talker layers + codec head once, the code predictor's layers
+    (and input projection) 15 times and one of its heads per forward."""
+    torch = pytest.importorskip("torch")
+    from talker_service.model.talker import Talker
+    from tts_common.release_dims import release_model_config
+
+    with torch.device("meta"):
+        talker = Talker(release_model_config(size, "custom_voice").talker)
+    cp = talker.code_predictor
+    count = lambda m: sum(p.numel() for p in m.parameters())  # noqa: E731 - local shorthand
+    forwards = len(cp.lm_head)
+    per_forward = count(cp.model.layers) + count(cp.small_to_mtp_projection) + cp.lm_head[0].weight.numel()
+    return count(talker.model.layers) + talker.codec_head.weight.numel() + forwards * per_forward
+
+
+def test_roofline_table() -> None:
+    kv = LIVE_CONTEXT * _kv_bytes_per_position("0b6", 2)
+    weights = {size: 2 * _values_read_per_step(size) for size in ("0b6", "1b7")}
+    assert (
+        f"W = {weights['0b6'] / 1e9:.2f} GB (0.6B" in OPS and f"= {weights['1b7'] / 1e9:.2f} GB (1.7B" in OPS
+    )
+    assert f"{kv / 1e6:.1f} MB of KV per stream" in OPS
+    for gpu, tbs in BANDWIDTH_TBS.items():
+        bandwidth = ACHIEVED * tbs * 1e12
+        peak, _, _, streams = _table_row(gpu)
+        expected_floor = {
+            size: [round((weights[size] + b * kv) / bandwidth * 1e3, 1) for b in (1, 64)] for size in weights
+        }
+        assert peak == _numbers(f"{tbs:.2f}")
+        for column, size in ((2, "0b6"), (3, "1b7")):
+            got = [float(x) for x in re.findall(r"\d+\.\d", _row_text(gpu, column))]
+            assert got == expected_floor[size], f"{gpu} {size}: {got} != {expected_floor[size]}"
+        assert streams == [int((bandwidth * STEP_TARGET_S - weights[size]) // kv) for size in ("0b6", "1b7")]
+
+
+def _row_text(label: str, column: int) -> str:
+    (row,) = [line for line in OPS.splitlines() if line.startswith(f"| {label} |")]
+    return row.strip().strip("|").split("|")[column]
+
+
+def test_suggested_slots_respect_the_roofline() -> None:
+    kv = LIVE_CONTEXT * _kv_bytes_per_position("0b6", 2)
+    for gpu, roofline_gpu in (
+        ("H100 80 GB", "H100 SXM"),
+        ("L4 24 GB", "L4"),
+        ("A10 24 GB", "A10G / A10"),
+    ):
+        suggested = _table_row(gpu)[2]
+        per_size = suggested * 2 if len(suggested) == 1 else suggested
+        bandwidth = ACHIEVED * BANDWIDTH_TBS[roofline_gpu] * 1e12
+        for value, size in zip(per_size, ("0b6", "1b7")):
+            assert value <= (bandwidth * STEP_TARGET_S - 2 * _values_read_per_step(size)) // kv, (gpu, size)
+
+
 # ---------------------------------------------------------------------------------------------
 # Variables and names
 

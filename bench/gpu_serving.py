@@ -1,0 +1,219 @@
+"""GPU serving benchmark: the talker engine and the streaming decoder in one process, as served.
+
+Not run in CI and never run on this project's CPU machines; run it on a GPU host:
+
+    python bench/gpu_serving.py --model /models/Qwen3-TTS-12Hz-1.7B-CustomVoice --speaker ryan \
+        --concurrency 1,8,32,64 --requests 128 --json bench/results/gpu_h100_1b7.json
+
+What it measures (one JSON document, also printed):
+  * ``startup``: graph capture of every talker and decoder bucket (mode, count, seconds, MiB);
+  * ``single_stream``: real-time factor of one stream (synthesis time / audio duration);
+  * ``step_time_vs_batch``: median talker decode-step time at each batch size seen;
+  * ``load``: per concurrency level C (C streams kept in flight until ``--requests`` finish):
+    requests/s and p50/p95 time to first audio (request arrival -> first decoded PCM chunk, the
+    talker's prefill + first frames + the decoder's first chunk);
+  * ``peak_device_memory_mib`` (CUDA only).
+The goal the serving work is judged against: > 20 requests/s with p95 time to first audio under
+77 ms on one H100 (see deploy/OPERATIONS.md for the bandwidth roofline).
+
+Each stream runs like the gateway's pipeline: talker frames are grouped with the decoder's chunk
+schedule (first chunk 2 frames, then doubling up to 25) and decoded by a cross-stream batcher
+(``decoder_service.server.DecodeBatcher`` over a graph-captured ``SessionBatcher``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from decoder_service.model.loading import load_codec_decoder
+from decoder_service.model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
+from decoder_service.server import DecodeBatcher
+from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
+from talker_service.model.loader import TalkerModel
+from talker_service.model.prompt import PromptInputs
+from tts_common.compute_thread import ComputeThread
+from tts_common.synthesis import SamplingParams
+
+TEXTS = [
+    "The quick brown fox jumps over the lazy dog near the quiet river bank.",
+    "Please remember to bring your umbrella, because the forecast says it will rain all afternoon.",
+    "Our quarterly results exceeded expectations, driven by strong demand in every region.",
+    "Turn left at the next intersection, then continue straight for about two kilometres.",
+]
+FRAME_RATE = 12.5  # codec frames per second of audio
+
+
+def _percentile(values: list[float], q: float) -> float:
+    return float(np.percentile(np.asarray(values), q)) if values else float("nan")
+
+
+class Bench:
+    """The two stages, loaded once."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        dtype = getattr(torch, args.dtype)
+        self.args = args
+        slots = max(int(c) for c in args.concurrency.split(","))
+        self.config = EngineConfig(
+            max_slots=slots, max_seq_len=args.max_seq_len, device=args.device, dtype=args.dtype
+        )
+        self.batch_sizes: dict[int, list[float]] = {}
+        t0 = time.perf_counter()
+        self.model = TalkerModel.from_checkpoint(args.model, args.device, dtype)
+        self.engine = TalkerEngine(self.model, self.config)  # captures every talker bucket
+        talker_load = time.perf_counter() - t0
+        self.engine.on_step.append(lambda b, s: self.batch_sizes.setdefault(b, []).append(s))
+        self.compute = ComputeThread("bench-decoder")
+        graphs = self.engine.runner.graphs
+        self.startup: dict[str, object] = {
+            "talker_load_s": round(talker_load, 2),
+            "talker_graphs": None if graphs is None else _report(graphs.report),
+        }
+
+    async def load_decoder(self) -> None:
+        """The decoder and its batcher, on the decoder's compute thread (as the decoder process)."""
+        self.decoder = await self.compute.run(
+            load_codec_decoder, self.args.model, self.args.device, torch.float32
+        )
+        self.session_batcher = await self.compute.run(SessionBatcher, self.decoder)  # captures every bucket
+        graphs = self.session_batcher.graphs
+        self.startup["decoder_graphs"] = None if graphs is None else _report(graphs.report)
+
+    def inputs(self, i: int) -> PromptInputs:
+        return PromptInputs(
+            text=TEXTS[i % len(TEXTS)],
+            non_streaming_text=False,
+            speaker=self.args.speaker,
+            instruct=self.args.instruct,
+        )
+
+    async def one_stream(self, i: int, batcher: DecodeBatcher) -> tuple[float, float, float]:
+        """(time to first audio s, total s, audio s) of one request."""
+        sampling = SamplingParams(seed=i) if self.args.sample else SamplingParams.greedy()
+        session = DecoderSession(self.decoder)
+        sizes = ChunkSchedule().sizes()
+        want = next(sizes)
+        pending: list[list[int]] = []
+        t0 = time.perf_counter()
+        first_audio = None
+        samples = 0
+
+        async def flush() -> None:
+            nonlocal first_audio, samples, pending
+            audio = await batcher.decode(session, np.asarray(pending, dtype=np.int64))
+            samples += audio.shape[0]
+            if first_audio is None:
+                first_audio = time.perf_counter() - t0
+            pending = []
+
+        async for event in self.engine.generate(
+            f"bench-{i}", self.inputs(i), sampling, self.args.max_new_tokens
+        ):
+            if isinstance(event, FrameEvent):
+                pending.append(event.codes)
+                if len(pending) >= want:
+                    await flush()
+                    want = next(sizes)
+            elif isinstance(event, DoneEvent) and event.error is not None:
+                raise event.error
+        if pending:
+            await flush()
+        total = time.perf_counter() - t0
+        sample_rate = self.decoder.samples_per_frame * FRAME_RATE
+        return first_audio if first_audio is not None else total, total, samples / sample_rate
+
+    async def load_level(self, concurrency: int, requests: int) -> dict[str, float]:
+        batcher = DecodeBatcher(self.session_batcher, self.compute)
+        batcher.start()
+        gate = asyncio.Semaphore(concurrency)
+        results: list[tuple[float, float, float]] = []
+
+        async def run(i: int) -> None:
+            async with gate:
+                results.append(await self.one_stream(i, batcher))
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(run(i) for i in range(requests)))
+        wall = time.perf_counter() - t0
+        await batcher.close()
+        ttfa = [r[0] * 1e3 for r in results]
+        return {
+            "concurrency": concurrency,
+            "requests": requests,
+            "requests_per_s": round(requests / wall, 2),
+            "ttfa_p50_ms": round(_percentile(ttfa, 50), 1),
+            "ttfa_p95_ms": round(_percentile(ttfa, 95), 1),
+            "rtf_mean": round(statistics.fmean(r[1] / max(r[2], 1e-9) for r in results), 3),
+        }
+
+
+def _report(report: object) -> dict[str, object]:
+    return {
+        "mode": report.mode,  # type: ignore[attr-defined]
+        "graphs": len(report.names),  # type: ignore[attr-defined]
+        "seconds": round(report.seconds, 2),  # type: ignore[attr-defined]
+        "held_mib": round(report.pool_bytes / 2**20, 1),  # type: ignore[attr-defined]
+        "peak_mib": round(report.peak_bytes / 2**20, 1),  # type: ignore[attr-defined]
+    }
+
+
+async def main_async(args: argparse.Namespace) -> dict[str, object]:
+    bench = Bench(args)
+    await bench.load_decoder()
+    with bench.engine:
+        single = await bench.load_level(1, args.single_requests)
+        bench.batch_sizes.clear()
+        levels = [await bench.load_level(int(c), args.requests) for c in args.concurrency.split(",")]
+    result: dict[str, object] = {
+        "machine": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        "torch": torch.__version__,
+        "model": str(args.model),
+        "dtype": args.dtype,
+        "sampling": args.sample,
+        "startup": bench.startup,
+        "single_stream": {"rtf": single["rtf_mean"], "ttfa_p50_ms": single["ttfa_p50_ms"]},
+        "step_time_vs_batch": {
+            b: round(statistics.median(times) * 1e3, 2) for b, times in sorted(bench.batch_sizes.items())
+        },
+        "load": levels,
+    }
+    if torch.cuda.is_available():
+        result["peak_device_memory_mib"] = round(torch.cuda.max_memory_allocated() / 2**20, 1)
+    bench.compute.shutdown()
+    return result
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--model", required=True, help="checkpoint directory (CustomVoice or VoiceDesign)")
+    parser.add_argument("--speaker", default=None, help="preset speaker (CustomVoice)")
+    parser.add_argument("--instruct", default=None, help="voice instruction (VoiceDesign)")
+    parser.add_argument("--device", default="cuda")
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--max-seq-len", type=int, default=2048)
+    parser.add_argument("--max-new-tokens", type=int, default=None)
+    parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument("--requests", type=int, default=128, help="requests per concurrency level")
+    parser.add_argument("--single-requests", type=int, default=4, help="requests of the single-stream run")
+    parser.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
+    parser.add_argument("--json", type=Path, default=None)
+    args = parser.parse_args()
+    result = asyncio.run(main_async(args))
+    text = json.dumps(result, indent=2)
+    print(text)
+    if args.json is not None:
+        args.json.write_text(text + "\n")
+
+
+if __name__ == "__main__":
+    main()
