@@ -38,6 +38,7 @@ def main(argv: list[str] | None = None) -> None:
             [SERVICE_NAME],
             startup=service.start,
             shutdown=service.close,
+            on_health=service.tie_readiness,
             **build_kwargs,
         )
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -128,6 +128,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         self.stopped = asyncio.Event()
         """Set when a generation ended because of Cancel or call cancellation."""
         self.started = asyncio.Event()
+        self.codes: Callable[[int], list[int]] = frame_codes
+        """The codes of frame f (another function = a talker serving a different checkpoint)."""
 
     async def GetModelInfo(
         self,
@@ -184,7 +186,7 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
                     chunk=stages_pb2.CodecChunk(
                         start_frame=f,
                         codes=stages_pb2.Codes(
-                            num_frames=1, num_codebooks=NUM_CODEBOOKS, values=frame_codes(f)
+                            num_frames=1, num_codebooks=NUM_CODEBOOKS, values=self.codes(f)
                         ),
                     )
                 )

@@ -119,17 +119,21 @@ async def serve(
     shutdown: Callable[[], Awaitable[None]] | None = None,
     stop_event: asyncio.Event | None = None,
     drain_seconds: float = 0.0,
+    on_health: Callable[[ServingHealth], None] | None = None,
     **build_kwargs: Any,
 ) -> None:
     """Whole lifecycle of a server process: metrics endpoint, :func:`build_server`, start, run
     ``startup()`` (e.g. load the model; health says NOT_SERVING meanwhile, and a signal cancels
     it), ``mark_ready()``, serve until SIGTERM/SIGINT (or ``stop_event``), graceful stop
     (:func:`serve_until_signal`), then ``shutdown()`` (release resources). Exceptions from
-    ``startup`` stop the server and propagate (the process exits non-zero). ``build_kwargs`` go
-    to :func:`build_server`."""
+    ``startup`` stop the server and propagate (the process exits non-zero). ``on_health`` gets the
+    server's :class:`ServingHealth` once it is built (e.g. to tie readiness to downstream stages
+    with :meth:`ServingHealth.set_dependency`). ``build_kwargs`` go to :func:`build_server`."""
     metrics_server = metrics.start_metrics_server(config.metrics_port, config.metrics_host)
     try:
         server, health = build_server(config, add_servicers, service_names, **build_kwargs)
+        if on_health is not None:
+            on_health(health)
         await server.start()
         logger.info(
             "%s listening on %s (port %d)", config.stage or "server", config.address, bound_port(server)
