@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import grpc
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
@@ -175,15 +179,56 @@ def _add_health(sub: argparse._SubParsersAction) -> None:
     p.add_argument("address", help="HOST:PORT")
     p.add_argument("--service", default="", help="service name ('' = overall)")
     p.add_argument("--timeout", type=float, default=3.0)
+    tls = p.add_argument_group("TLS (for a server started with --tls-cert/--tls-key)")
+    tls.add_argument("--tls", action="store_true", help="speak TLS, trusting the system's root CAs")
+    tls.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting this CA (PEM; implies --tls)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="client certificate for mutual TLS (implies --tls)")
+    tls.add_argument("--tls-key", metavar="FILE", help="key of --tls-cert")
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="name to verify the server certificate against (default: the host of ADDRESS)",
+    )
     p.set_defaults(func=cmd_health)
+
+
+def health_channel_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS credentials for ``qwen3-tts health`` (None: plaintext). ValueError for a half
+    client-certificate pair."""
+    import grpc
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key must be given together")
+    if not (args.tls or args.tls_ca or args.tls_cert):
+        return None
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(args.tls_ca),
+        private_key=read(args.tls_key),
+        certificate_chain=read(args.tls_cert),
+    )
 
 
 def cmd_health(args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    credentials = health_channel_credentials(args)
     try:
-        with grpc.insecure_channel(args.address) as channel:
+        if credentials is None:
+            channel = grpc.insecure_channel(args.address)
+        else:
+            options = (
+                [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+            )
+            channel = grpc.secure_channel(args.address, credentials, options=options)
+        with channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
