@@ -138,7 +138,16 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--port", type=int, default=50051, help="gateway port")
     p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
     p.add_argument("--device", default=None)
-    p.add_argument("--metrics", action="store_true", help="expose /metrics on 9091..9094")
+    p.add_argument(
+        "--metrics", action="store_true", help="expose /metrics on 9091..9094 (9095.. for replicas)"
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="talker and decoder processes each (>= 2: streams survive losing one; a replica that "
+        "exits is restarted; extra ports after the speaker's)",
+    )
     p.set_defaults(func=cmd_up)
 
 
