@@ -137,6 +137,17 @@ def is_replicated(name: str) -> bool:
     return name.split("-")[0] in ("talker", "decoder")
 
 
+RESTART_MIN_UPTIME_S = 10.0
+"""A replica that exits sooner after its start is crash-looping: the stack stops instead."""
+
+
+def should_restart(name: str, replicas: int, seconds_up: float) -> bool:
+    """Whether ``qwen3-tts up`` restarts process ``name`` that exited after ``seconds_up``:
+    only a talker or decoder replica of a replicated stack (its streams failed over to the other
+    replicas), and only if it was not crash-looping; anything else stops the stack."""
+    return replicas > 1 and is_replicated(name) and seconds_up > RESTART_MIN_UPTIME_S
+
+
 def is_serving(address: str, timeout: float = 1.0) -> bool:
     try:
         with grpc.insecure_channel(address) as channel:
@@ -265,7 +276,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
                 if stage.process.poll() is None or stop.settle():
                     continue
                 code = stage.process.returncode
-                if replicas > 1 and is_replicated(stage.name) and time.monotonic() - started[stage.name] > 10:
+                if should_restart(stage.name, replicas, time.monotonic() - started[stage.name]):
                     print(f"{stage.name} exited with code {code}; restarting it", file=sys.stderr, flush=True)
                     stage.process = subprocess.Popen(stage.args, env=env)
                     started[stage.name] = time.monotonic()
