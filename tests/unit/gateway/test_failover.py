@@ -4,6 +4,12 @@ replicas on loopback: each path on its own, the "frames differ" refusal, the bou
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 from typing import Any
 
 import grpc
@@ -393,6 +399,40 @@ def test_a_draining_replica_gets_no_new_streams() -> None:
                 await server.stop(0)
 
     run(main())
+
+
+def test_keepalive_notices_a_frozen_replica_within_5_s() -> None:
+    """A SIGSTOPped replica keeps its connections open: only the keepalive pings of the stage
+    channels (the gateway's defaults: 2 s + 2 s) end its calls, so they can fail over."""
+    fakes = Path(__file__).resolve().parents[2] / "helpers" / "fake_stages.py"
+    proc = subprocess.Popen(
+        [sys.executable, str(fakes), "talker", "custom_voice", "100000", "0.02"],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    async def main() -> float:
+        assert proc.stdout is not None
+        port = int(await asyncio.to_thread(proc.stdout.readline))
+        options = keepalive_channel_options(2.0, 2.0)
+        async with grpc.aio.insecure_channel(f"127.0.0.1:{port}", options=options) as channel:
+            call = stages_pb2_grpc.TalkerStub(channel).Generate()
+            await call.write(stages_pb2.TalkerClientMessage(request=stages_pb2.TalkerRequest(request_id="k")))
+            assert (await call.read()).WhichOneof("message") == "chunk"
+            os.kill(proc.pid, signal.SIGSTOP)
+            frozen = time.monotonic()
+            with pytest.raises(grpc.aio.AioRpcError) as info:
+                while True:  # frames already in flight arrive, then nothing
+                    await call.read()
+            assert is_connection_failure(info.value.code())
+            return time.monotonic() - frozen
+
+    try:
+        assert run(main(), timeout=30) < 5.0
+    finally:
+        os.kill(proc.pid, signal.SIGCONT)
+        proc.kill()
+        proc.wait(10)
 
 
 # ---------------------------------------------------------------------------------------------
