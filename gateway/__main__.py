@@ -47,6 +47,7 @@ def main(argv: list[str] | None = None) -> None:
             startup=service.start,
             shutdown=service.close,
             companions=companions,
+            on_health=service.tie_readiness,
             **build_kwargs,
         )
 

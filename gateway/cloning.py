@@ -20,8 +20,9 @@ from tts_common.synthesis.validation import (
     decode_reference,
 )
 
+from .failover import FailoverPolicy, call_with_failover
 from .pipeline import StageError
-from .routing import StageClient
+from .routing import Endpoint, StageClient
 from .voices import VoiceStore
 
 
@@ -49,11 +50,16 @@ class VoiceResolver:
         voices: VoiceStore,
         limits: RequestLimits,
         timeout_seconds: float,
+        *,
+        failover: FailoverPolicy | None = None,
     ) -> None:
+        """``failover``: how a speaker call that fails at the connection level is retried on
+        another replica (default :class:`FailoverPolicy`)."""
         self.speaker = speaker
         self.voices = voices
         self.limits = limits
         self.timeout_seconds = timeout_seconds
+        self.failover = failover or FailoverPolicy()
 
     def require_speaker(self) -> StageClient[stages_pb2_grpc.SpeakerStub]:
         """The speaker stage; FAILED_PRECONDITION if this gateway has none."""
@@ -85,15 +91,20 @@ class VoiceResolver:
             sample_rate=clone.ref_audio_sample_rate,
             want_codes=want_codes,
         )
-        with speaker.lease() as endpoint:
-            try:
-                embedding: stages_pb2.ReferenceEmbedding = await endpoint.stub.EmbedReference(
-                    request,
-                    timeout=stage_timeout(self.timeout_seconds, time_remaining),
-                    metadata=((REQUEST_ID_METADATA_KEY, request_id),),
-                )
-            except grpc.aio.AioRpcError as exc:
-                raise StageError.from_rpc_error("speaker", exc) from exc
+
+        async def call(endpoint: Endpoint[stages_pb2_grpc.SpeakerStub]) -> stages_pb2.ReferenceEmbedding:
+            reply: stages_pb2.ReferenceEmbedding = await endpoint.stub.EmbedReference(
+                request,
+                timeout=stage_timeout(self.timeout_seconds, time_remaining),
+                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
+            )
+            return reply
+
+        try:
+            # Stateless: a replica lost mid-call is simply asked again elsewhere.
+            embedding = await call_with_failover(speaker, self.failover, request_id, call)
+        except grpc.aio.AioRpcError as exc:
+            raise StageError.from_rpc_error("speaker", exc) from exc
         check_speaker_embedding(
             len(embedding.speaker_embedding), talker.speaker_embedding_dim, "the speaker stage's x-vector"
         )

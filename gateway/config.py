@@ -22,6 +22,7 @@ from tts_common.flags import (
     config_from_args,
     flag,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
@@ -143,6 +144,37 @@ class GatewayConfig:
     """HTTP ``voice`` aliases for clients that only offer OpenAI's voice names: ``ALIAS=VOICE``
     pairs (e.g. ``alloy=vivian,echo=voice-0123``), VOICE a preset speaker or a registered
     voice id."""
+
+    health_check_interval_seconds: float = field(default=1.0, metadata=_POSITIVE_FLOAT)
+    """How often the gateway checks each stage replica (``grpc.health.v1`` Check of the stage's
+    service). A replica that fails a check gets no new streams and is no failover target until
+    a check passes; the gateway's readiness is NOT_SERVING while no talker or no decoder replica
+    passes."""
+
+    health_check_timeout_seconds: float = field(default=2.0, metadata=_POSITIVE_FLOAT)
+    """Deadline of one health check; a replica that does not answer in time fails it."""
+
+    keepalive_seconds: float = field(default=2.0, metadata=flag(parse=non_negative_float))
+    """Interval of HTTP/2 keepalive pings on the stage channels; with
+    ``keepalive_timeout_seconds`` it bounds how long a hung or partitioned replica (one that
+    stopped answering without closing its connections) goes unnoticed. 0 = no pings."""
+
+    keepalive_timeout_seconds: float = field(default=2.0, metadata=_POSITIVE_FLOAT)
+    """A stage connection whose keepalive ping is not answered within this fails, with every
+    call on it (those streams then fail over)."""
+
+    failover_attempts: int = field(default=3, metadata=flag(parse=non_negative_int))
+    """Replacement replicas one stream may use per stage after connection-level failures (the
+    decoder's stream is replayed, the talker's regenerated with the same seed and checked, a
+    speaker call retried); 0 disables failover: the stream ends with UNAVAILABLE."""
+
+    failover_wait_seconds: float = field(default=3.0, metadata=flag(parse=non_negative_float))
+    """How long one failover waits for a healthy replica of the stage to become available
+    before the stream ends with UNAVAILABLE naming the stage."""
+
+    failover_max_frames: int = field(default=4096, metadata=flag(parse=non_negative_int))
+    """Codec frames kept per stream for failover (16 small integers per 80 ms frame; 4096 frames
+    = 5.5 min of audio, 128 KiB); a stream past it is no longer failed over."""
 
     channel_options: tuple[tuple[str, Any], ...] = field(default=(), metadata=NOT_A_FLAG)
     """Extra gRPC channel options for the stage channels (tests, tuning)."""

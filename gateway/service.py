@@ -27,8 +27,10 @@ from tts_common import metrics
 from tts_common.errors import CapacityError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.serving.health import ServingHealth
+from tts_common.serving.names import service_name
 from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
-from tts_common.serving.server import channel_options
+from tts_common.serving.server import channel_options, keepalive_channel_options
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
     RequestLimits,
@@ -41,9 +43,10 @@ from .audio_stream import AudioStream
 from .cloning import VoiceResolver
 from .config import STAGE, GatewayConfig
 from .encoding import AudioOutput
+from .failover import FailoverPolicy
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
 from .pipeline import StageError, SynthesisPipeline
-from .routing import StageClient
+from .routing import StageClient, tie_readiness
 from .validation import validate_register, validate_synthesize
 from .voices import StoredVoice, VoiceStore, new_voice_id
 
@@ -87,7 +90,10 @@ class SynthesisService:
             ttl_seconds=config.model_info_ttl_seconds,
             refresh_timeout_seconds=min(REFRESH_TIMEOUT_S, config.stage_timeout_seconds),
         )
-        self.voice_resolver = VoiceResolver(speaker, self.voices, self.limits, config.stage_timeout_seconds)
+        self.failover = FailoverPolicy.from_config(config)
+        self.voice_resolver = VoiceResolver(
+            speaker, self.voices, self.limits, config.stage_timeout_seconds, failover=self.failover
+        )
         self.active_streams = 0
 
     @classmethod
@@ -99,21 +105,42 @@ class SynthesisService:
         opts = [
             *(channel_options() if options is None else options),
             *_RECONNECT_OPTIONS,
+            *keepalive_channel_options(config.keepalive_seconds, config.keepalive_timeout_seconds),
             *config.channel_options,
         ]
-        talker = StageClient("talker", config.talker_targets, stages_pb2_grpc.TalkerStub, options=opts)
-        decoder = StageClient("decoder", config.decoder_targets, stages_pb2_grpc.DecoderStub, options=opts)
+        talker = StageClient(
+            "talker",
+            config.talker_targets,
+            stages_pb2_grpc.TalkerStub,
+            options=opts,
+            health_service=service_name(stages_pb2, "Talker"),
+        )
+        decoder = StageClient(
+            "decoder",
+            config.decoder_targets,
+            stages_pb2_grpc.DecoderStub,
+            options=opts,
+            health_service=service_name(stages_pb2, "Decoder"),
+        )
         speaker = None
         if config.speaker_targets:
             speaker = StageClient(
-                "speaker", config.speaker_targets, stages_pb2_grpc.SpeakerStub, options=opts
+                "speaker",
+                config.speaker_targets,
+                stages_pb2_grpc.SpeakerStub,
+                options=opts,
+                health_service=service_name(stages_pb2, "Speaker"),
             )
         return cls(config, talker, decoder, speaker)
 
     # --- lifecycle ------------------------------------------------------------------------------
     async def start(self) -> None:
         """Load registered voices and wait until the talker answers GetModelInfo (the server
-        reports NOT_SERVING meanwhile)."""
+        reports NOT_SERVING meanwhile); start checking the stage replicas' health."""
+        for client in self.stage_clients:
+            client.start_health_checks(
+                self.config.health_check_interval_seconds, self.config.health_check_timeout_seconds
+            )
         await asyncio.to_thread(self.voices.load)
         info = await self.model_info.wait_until_available(self.config.startup_timeout_seconds)
         model = info.model
@@ -128,11 +155,21 @@ class SynthesisService:
             "configured" if self.speaker else "not configured (no voice cloning)",
         )
 
+    @property
+    def stage_clients(self) -> tuple[StageClient[Any], ...]:
+        """The clients of every configured stage."""
+        return tuple(c for c in (self.talker, self.decoder, self.speaker) if c is not None)
+
+    def tie_readiness(self, health: ServingHealth) -> None:
+        """Make ``health`` report NOT_SERVING for the public services while no talker or no
+        decoder replica passes its health checks (SERVING again once one does). The speaker is
+        left out: without it only voice cloning fails."""
+        tie_readiness(health, (self.talker, self.decoder))
+
     async def close(self) -> None:
-        """Close every stage channel."""
-        for client in (self.talker, self.decoder, self.speaker):
-            if client is not None:
-                await client.close()
+        """Stop the health checks and close every stage channel."""
+        for client in self.stage_clients:
+            await client.close()
 
     # --- model info and voices -----------------------------------------------------------------
     async def public_model_info(self) -> tts_pb2.ModelInfo:
@@ -265,50 +302,50 @@ class SynthesisService:
         )
         if voice.ref_codes is not None and voice.ref_codes.num_frames > 0:
             decode_start.prefix_codes.CopyFrom(voice.ref_codes)  # left context; its audio is not sent
-        with self.talker.lease() as talker, self.decoder.lease() as decoder:
-            pipeline = SynthesisPipeline(
-                talker.stub,
-                decoder.stub,
-                message,
-                decode_start,
-                timeout=time_remaining,
-                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
-                drain_timeout=self.config.stage_timeout_seconds,
-            )
-            try:
-                await pipeline.start()
-                yield tts_pb2.SynthesizeResponse(
-                    metadata=tts_pb2.SynthesisMetadata(
-                        request_id=request_id,
-                        sample_rate=out.sample_rate,
-                        encoding=out.encoding,
-                        model_type=info.model_type,
-                        model_size=info.model_size,
-                        model_name=info.model_name,
-                        language=plan.language,
-                        text_feeding=plan.text_feeding,
-                        sampling=plan_sampling_options(plan),
-                    )
+        pipeline = SynthesisPipeline(
+            self.talker,
+            self.decoder,
+            message,
+            decode_start,
+            timeout=time_remaining,
+            metadata=((REQUEST_ID_METADATA_KEY, request_id),),
+            drain_timeout=self.config.stage_timeout_seconds,
+            failover=self.failover,
+        )
+        try:
+            await pipeline.start()
+            yield tts_pb2.SynthesizeResponse(
+                metadata=tts_pb2.SynthesisMetadata(
+                    request_id=request_id,
+                    sample_rate=out.sample_rate,
+                    encoding=out.encoding,
+                    model_type=info.model_type,
+                    model_size=info.model_size,
+                    model_name=info.model_name,
+                    language=plan.language,
+                    text_feeding=plan.text_feeding,
+                    sampling=plan_sampling_options(plan),
                 )
-                stream = AudioStream(out, output, received)
-                async with contextlib.aclosing(pipeline.pcm_chunks()) as pcm_chunks:
-                    async for pcm in pcm_chunks:
-                        yield await stream.chunk(np.frombuffer(pcm.samples, dtype="<f4"))
-                final = await stream.finish()
-                if final is not None:
-                    yield final
-                done = pipeline.talker_done
-                assert done is not None  # DecodeDone only follows TalkerDone
-                if done.finish_reason not in (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH):
-                    raise StageError(
-                        "talker",
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"generation ended early (finish_reason {tts_pb2.FinishReason.Name(done.finish_reason)})",
-                    )
-                yield tts_pb2.SynthesizeResponse(summary=stream.summary(done))
-            except StageError as exc:
-                if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                    self.model_info.invalidate()
-                raise
-            finally:
-                await pipeline.close()
+            )
+            stream = AudioStream(out, output, received)
+            async with contextlib.aclosing(pipeline.pcm_chunks()) as pcm_chunks:
+                async for pcm in pcm_chunks:
+                    yield await stream.chunk(np.frombuffer(pcm.samples, dtype="<f4"))
+            final = await stream.finish()
+            if final is not None:
+                yield final
+            done = pipeline.talker_done
+            assert done is not None  # DecodeDone only follows TalkerDone
+            if done.finish_reason not in (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH):
+                raise StageError(
+                    "talker",
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"generation ended early (finish_reason {tts_pb2.FinishReason.Name(done.finish_reason)})",
+                )
+            yield tts_pb2.SynthesizeResponse(summary=stream.summary(done))
+        except StageError as exc:
+            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
+                self.model_info.invalidate()
+            raise
+        finally:
+            await pipeline.close()

@@ -12,6 +12,12 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    import ssl
+
+    import grpc
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
@@ -137,7 +143,16 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
     p.add_argument("--device", default=None)
-    p.add_argument("--metrics", action="store_true", help="expose /metrics on 9091..9094")
+    p.add_argument(
+        "--metrics", action="store_true", help="expose /metrics on 9091..9094 (9095.. for replicas)"
+    )
+    p.add_argument(
+        "--replicas",
+        type=int,
+        default=1,
+        help="talker and decoder processes each (>= 2: streams survive losing one; a replica that "
+        "exits is restarted; extra ports after the speaker's)",
+    )
     p.set_defaults(func=cmd_up)
 
 
@@ -183,10 +198,73 @@ def _add_health(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("--service", default="", help="gRPC service name ('' = overall)")
     p.add_argument("--timeout", type=float, default=3.0)
+    tls = p.add_argument_group(
+        "TLS (for a server started with --tls-cert/--tls-key; an https:// URL always speaks TLS)"
+    )
+    tls.add_argument("--tls", action="store_true", help="speak TLS, trusting the system's root CAs")
+    tls.add_argument("--tls-ca", metavar="FILE", help="speak TLS, trusting this CA (PEM; implies --tls)")
+    tls.add_argument("--tls-cert", metavar="FILE", help="client certificate for mutual TLS (implies --tls)")
+    tls.add_argument("--tls-key", metavar="FILE", help="key of --tls-cert")
+    tls.add_argument(
+        "--tls-server-name",
+        metavar="NAME",
+        help="name to verify the server certificate against (default: the host of ADDRESS)",
+    )
     p.set_defaults(func=cmd_health)
 
 
+def health_channel_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
+    """TLS credentials for ``qwen3-tts health`` (None: plaintext). ValueError for a half
+    client-certificate pair."""
+    import grpc
+
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key must be given together")
+    if not (args.tls or args.tls_ca or args.tls_cert):
+        return None
+
+    def read(path: str | None) -> bytes | None:
+        if path is None:
+            return None
+        with open(path, "rb") as fh:
+            return fh.read()
+
+    return grpc.ssl_channel_credentials(
+        root_certificates=read(args.tls_ca),
+        private_key=read(args.tls_key),
+        certificate_chain=read(args.tls_cert),
+    )
+
+
+def health_ssl_context(args: argparse.Namespace) -> ssl.SSLContext:
+    """The TLS context of ``qwen3-tts health`` for an https:// URL: the system's root CAs or
+    ``--tls-ca``, the ``--tls-cert``/``--tls-key`` client certificate, and the certificate checked
+    against ``--tls-server-name`` when given (else the URL's host)."""
+    import ssl
+
+    server_name: str | None = args.tls_server_name
+
+    class _Context(ssl.SSLContext):
+        # http.client passes the URL's host as server_hostname; --tls-server-name replaces it
+        # (SNI and certificate check), as ssl_target_name_override does for the gRPC channel.
+        def wrap_socket(self, *a: Any, **kw: Any) -> ssl.SSLSocket:
+            if server_name:
+                kw["server_hostname"] = server_name
+            return super().wrap_socket(*a, **kw)
+
+    context = _Context(ssl.PROTOCOL_TLS_CLIENT)
+    if args.tls_ca:
+        context.load_verify_locations(cafile=args.tls_ca)
+    else:
+        context.load_default_certs()
+    if args.tls_cert:
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    return context
+
+
 def cmd_health(args: argparse.Namespace) -> int:
+    if bool(args.tls_cert) != bool(args.tls_key):
+        raise ValueError("--tls-cert and --tls-key must be given together")
     checks = [_http_health if a.startswith(("http://", "https://")) else _grpc_health for a in args.addresses]
     return max(check(address, args) for check, address in zip(checks, args.addresses))
 
@@ -195,8 +273,16 @@ def _grpc_health(address: str, args: argparse.Namespace) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+    credentials = health_channel_credentials(args)
     try:
-        with grpc.insecure_channel(address) as channel:
+        if credentials is None:
+            channel = grpc.insecure_channel(address)
+        else:
+            options = (
+                [("grpc.ssl_target_name_override", args.tls_server_name)] if args.tls_server_name else []
+            )
+            channel = grpc.secure_channel(address, credentials, options=options)
+        with channel:
             reply = health_pb2_grpc.HealthStub(channel).Check(
                 health_pb2.HealthCheckRequest(service=args.service), timeout=args.timeout
             )
@@ -212,8 +298,9 @@ def _http_health(url: str, args: argparse.Namespace) -> int:
     import urllib.error
     import urllib.request
 
+    context = health_ssl_context(args) if url.startswith("https://") else None
     try:
-        with urllib.request.urlopen(url, timeout=args.timeout) as reply:
+        with urllib.request.urlopen(url, timeout=args.timeout, context=context) as reply:
             status = reply.status
     except urllib.error.HTTPError as exc:
         status = exc.code

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -29,6 +30,36 @@ class StageProcess:
         return f"127.0.0.1:{self.port}"
 
 
+def free_port() -> int:
+    """A TCP port free on loopback now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def on_free_ports(stages: list[StageProcess]) -> None:
+    """Re-point every process of :func:`stage_commands` (which numbers ports consecutively from
+    a base) at a free port, the gateway's targets at them, and the gateway's HTTP API (unless
+    off) at one more (tests, chaos runs)."""
+    for stage in stages:
+        stage.port = free_port()
+        stage.args[stage.args.index("--port") + 1] = str(stage.port)
+    gateway = next(s for s in stages if s.name == "gateway")
+    if "--http-port" in gateway.args:
+        at = gateway.args.index("--http-port") + 1
+        if gateway.args[at] != "0":
+            gateway.args[at] = str(free_port())
+    for kind in ("talker", "decoder", "speaker"):
+        targets = [s.address for s in stages if s.name.split("-")[0] == kind]
+        gateway.args[gateway.args.index(f"--{kind}-targets") + 1] = ",".join(targets)
+
+
+def replica_name(stage: str, index: int) -> str:
+    """Process name of replica ``index`` (0-based) of ``stage``: talker, talker-2, talker-3, ..."""
+    return stage if index == 0 else f"{stage}-{index + 1}"
+
+
 def stage_commands(
     model: Path,
     host: str,
@@ -36,69 +67,55 @@ def stage_commands(
     base_port: int,
     device: str | None,
     metrics: bool,
+    replicas: int = 1,
     http_port: int = 8000,
 ) -> list[StageProcess]:
-    """Command lines of the stages and the gateway (the same flags the deploy files use);
-    ``http_port``: the gateway's HTTP API and playground (0: off)."""
+    """Command lines of the stages and the gateway (the same flags the deploy files use), in
+    start order: talker, decoder, speaker, the extra talker and decoder replicas, gateway last.
+
+    Ports: talker ``base_port``, decoder ``+1``, speaker ``+2``; replica k >= 2 of the talker at
+    ``base_port + 2k - 1``, of the decoder at ``base_port + 2k``; the one gateway's HTTP API and
+    playground at ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, talker 9092,
+    decoder 9093, speaker 9094, extra replicas 9095 on in start order."""
+    if replicas < 1:
+        raise ValueError(f"replicas must be >= 1, got {replicas}")
     py = [sys.executable, "-m"]
-    talker, decoder, speaker = base_port, base_port + 1, base_port + 2
     dev = ["--device", device] if device else []
     if device in (None, "cpu"):
-        # Three model stages share this host's cores: one torch thread each avoids oversubscription.
+        # The model stages share this host's cores: one torch thread each avoids oversubscription.
         dev += ["--threads", "1"]
+    ports = {("talker", 0): base_port, ("decoder", 0): base_port + 1, ("speaker", 0): base_port + 2}
+    for k in range(1, replicas):
+        ports[("talker", k)] = base_port + 2 * k + 1
+        ports[("decoder", k)] = base_port + 2 * k + 2
+    order = [("talker", 0), ("decoder", 0), ("speaker", 0)]
+    order += [(stage, k) for k in range(1, replicas) for stage in ("talker", "decoder")]
+    stages: list[StageProcess] = []
+    for metrics_port, (stage, k) in enumerate(order, start=9092):
+        stage_port = ports[(stage, k)]
+        stages.append(
+            StageProcess(
+                replica_name(stage, k),
+                stage_port,
+                py
+                + [
+                    f"{stage}_service",
+                    "--model",
+                    str(model),
+                    "--host",
+                    "127.0.0.1",
+                    "--port",
+                    str(stage_port),
+                    *dev,
+                    *(["--metrics-port", str(metrics_port)] if metrics else []),
+                ],
+            )
+        )
 
-    def metrics_flag(offset: int) -> list[str]:
-        return ["--metrics-port", str(9091 + offset)] if metrics else []
+    def targets(stage: str) -> str:
+        return ",".join(f"127.0.0.1:{p}" for (name, _), p in ports.items() if name == stage)
 
-    return [
-        StageProcess(
-            "talker",
-            talker,
-            py
-            + [
-                "talker_service",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(talker),
-                *dev,
-                *metrics_flag(1),
-            ],
-        ),
-        StageProcess(
-            "decoder",
-            decoder,
-            py
-            + [
-                "decoder_service",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(decoder),
-                *dev,
-                *metrics_flag(2),
-            ],
-        ),
-        StageProcess(
-            "speaker",
-            speaker,
-            py
-            + [
-                "speaker_service",
-                "--model",
-                str(model),
-                "--host",
-                "127.0.0.1",
-                "--port",
-                str(speaker),
-                *dev,
-                *metrics_flag(3),
-            ],
-        ),
+    stages.append(
         StageProcess(
             "gateway",
             port,
@@ -110,17 +127,34 @@ def stage_commands(
                 "--port",
                 str(port),
                 "--talker-targets",
-                f"127.0.0.1:{talker}",
+                targets("talker"),
                 "--decoder-targets",
-                f"127.0.0.1:{decoder}",
+                targets("decoder"),
                 "--speaker-targets",
-                f"127.0.0.1:{speaker}",
+                targets("speaker"),
                 "--http-port",
                 str(http_port),
-                *metrics_flag(0),
+                *(["--metrics-port", "9091"] if metrics else []),
             ],
-        ),
-    ]
+        )
+    )
+    return stages
+
+
+def is_replicated(name: str) -> bool:
+    """Whether process ``name`` is a talker or decoder replica (``up --replicas`` runs N each)."""
+    return name.split("-")[0] in ("talker", "decoder")
+
+
+RESTART_MIN_UPTIME_S = 10.0
+"""A replica that exits sooner after its start is crash-looping: the stack stops instead."""
+
+
+def should_restart(name: str, replicas: int, seconds_up: float) -> bool:
+    """Whether ``qwen3-tts up`` restarts process ``name`` that exited after ``seconds_up``:
+    only a talker or decoder replica of a replicated stack (its streams failed over to the other
+    replicas), and only if it was not crash-looping; anything else stops the stack."""
+    return replicas > 1 and is_replicated(name) and seconds_up > RESTART_MIN_UPTIME_S
 
 
 def is_serving(address: str, timeout: float = 1.0) -> bool:
@@ -219,14 +253,24 @@ def run_local_stack(args: argparse.Namespace) -> int:
         if not (model / "config.json").is_file():
             print(f"creating the dev checkpoint ({args.dev_model_type}) in {model} ...", flush=True)
         make_dev_model(model, args.dev_model_type, if_missing=True)
+    replicas = args.replicas
     stages = stage_commands(
-        model.resolve(), args.host, args.port, args.base_port, args.device, args.metrics, args.http_port
+        model.resolve(),
+        args.host,
+        args.port,
+        args.base_port,
+        args.device,
+        args.metrics,
+        replicas,
+        http_port=args.http_port,
     )
     env = os.environ.copy()
     stop = StopRequest()
+    started: dict[str, float] = {}
     try:
         for stage in stages:
             stage.process = subprocess.Popen(stage.args, env=env)
+            started[stage.name] = time.monotonic()
         wait_until_serving(stages, timeout=600, stop=stop)
         if not stop.requested:
             http = ""
@@ -244,17 +288,28 @@ def run_local_stack(args: argparse.Namespace) -> int:
                 f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
                 f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
                 f"{http}"
-                "Ctrl-C stops it.",
+                + (
+                    f"{replicas} talker and {replicas} decoder replicas: one that exits is restarted "
+                    "(its streams fail over).\n"
+                    if replicas > 1
+                    else ""
+                )
+                + "Ctrl-C stops it.",
                 flush=True,
             )
         while not stop.requested:
             for stage in stages:
                 assert stage.process is not None
-                if stage.process.poll() is not None and not stop.settle():
-                    print(
-                        f"{stage.name} exited with code {stage.process.returncode}; stopping", file=sys.stderr
-                    )
-                    return 1
+                if stage.process.poll() is None or stop.settle():
+                    continue
+                code = stage.process.returncode
+                if should_restart(stage.name, replicas, time.monotonic() - started[stage.name]):
+                    print(f"{stage.name} exited with code {code}; restarting it", file=sys.stderr, flush=True)
+                    stage.process = subprocess.Popen(stage.args, env=env)
+                    started[stage.name] = time.monotonic()
+                    continue
+                print(f"{stage.name} exited with code {code}; stopping", file=sys.stderr)
+                return 1
             time.sleep(0.5)
         return 0
     finally:

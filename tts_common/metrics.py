@@ -136,8 +136,24 @@ CACHE_LOOKUPS = Counter(
 )
 READY = Gauge(
     PREFIX + "ready",
-    "1 while the process reports SERVING on its health service, else 0.",
+    "1 while the process reports SERVING for its services (readiness; the gateway also needs a "
+    "reachable talker and decoder), else 0.",
     ["stage"],
+)
+FAILOVERS = Counter(
+    PREFIX + "failovers_total",
+    "Stage calls moved to another replica after a connection-level failure, by the failed stage "
+    "(peer: talker, decoder, speaker) and result: ok; refused (the replacement talker produced "
+    "different frames); exhausted (no healthy replica or no attempt left); not_replayable (the "
+    "stream is longer than the frames kept for replay).",
+    ["stage", "peer", "result"],
+)
+FAILOVER_SECONDS = Histogram(
+    PREFIX + "failover_seconds",
+    "From a stage call's failure to the replacement's first new output (talker: the first frame "
+    "past those already forwarded; decoder: the first sample the client did not have yet).",
+    ["stage", "peer"],
+    buckets=_LATENCY_BUCKETS,
 )
 
 _ALL = (
@@ -155,6 +171,8 @@ _ALL = (
     AUDIO_SECONDS,
     CACHE_LOOKUPS,
     READY,
+    FAILOVERS,
+    FAILOVER_SECONDS,
 )
 
 
@@ -222,6 +240,8 @@ __all__ = [
     "AUDIO_SECONDS",
     "BATCH_SIZE",
     "CACHE_LOOKUPS",
+    "FAILOVERS",
+    "FAILOVER_SECONDS",
     "GENERATED_FRAMES",
     "INTER_CHUNK_LATENCY",
     "METRIC_NAMES",

@@ -13,7 +13,9 @@ not serving: starting up or shutting down):
 * ``POST /v1/audio/voices`` — register a cloned voice (Base models) from a multipart upload
   (``audio_sample``, ``name``, ``ref_text`` or ``x_vector_only``), ``DELETE
   /v1/audio/voices/{id}``;
-* ``GET /health`` — 200 while serving, else 503 (load-balancer and container probes; no key);
+* ``GET /health`` — readiness: 200 while serving, else 503, also while no talker or no decoder
+  replica is reachable (like the gRPC service's health; load-balancer and container probes; no
+  key);
 * ``GET /`` — the playground page (static, shipped with the package; no key needed for the page,
   it sends the key it is given).
 
@@ -188,11 +190,17 @@ class HttpApi:
         return {"id": voice_id, "object": "audio.voice.deleted", "deleted": True}
 
     def health_response(self) -> JSONResponse:
+        # Readiness, as the gRPC service's status: the k8s readiness probe and the Compose
+        # healthcheck use this, so it also fails while a stage the gateway needs is unreachable.
         health = self.health
-        if health is None or health.ready:
+        if health is None or (health.ready and not health.unmet_dependencies):
             return JSONResponse({"status": "serving"})
-        status = "shutting_down" if health.shutting_down else "not_serving"
-        return JSONResponse({"status": status}, status_code=503)
+        if health.shutting_down:
+            return JSONResponse({"status": "shutting_down"}, status_code=503)
+        body: dict[str, Any] = {"status": "not_serving"}
+        if health.ready:
+            body["unavailable"] = list(health.unmet_dependencies)
+        return JSONResponse(body, status_code=503)
 
 
 def count_ok() -> None:

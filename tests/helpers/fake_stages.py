@@ -6,9 +6,9 @@ frame index, the decoder turns each frame into 1920 samples of a tone whose ampl
 the frame's first code (:func:`expected_signal` gives the whole utterance), the speaker returns an
 x-vector derived from the audio bytes and 5 frames of reference codes.
 
-Run as a script (``python tests/helpers/fake_stages.py talker MODEL_TYPE FRAMES DELAY
-[PORT]``) it serves a fake talker on loopback (a free port by default) and prints the port: the
-process tests start, SIGKILL and wait for it.
+Run as a script (``python tests/helpers/fake_stages.py talker MODEL_TYPE FRAMES DELAY [PORT]``
+or ``... decoder [PORT]``) it serves a fake talker (decoder) on loopback (a free port by default)
+and prints the port: the process tests start, SIGKILL and wait for it.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import sys
-from collections.abc import AsyncIterator, Coroutine, Sequence
+from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -128,6 +128,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         self.stopped = asyncio.Event()
         """Set when a generation ended because of Cancel or call cancellation."""
         self.started = asyncio.Event()
+        self.codes: Callable[[int], list[int]] = frame_codes
+        """The codes of frame f (another function = a talker serving a different checkpoint)."""
 
     async def GetModelInfo(
         self,
@@ -184,7 +186,7 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
                     chunk=stages_pb2.CodecChunk(
                         start_frame=f,
                         codes=stages_pb2.Codes(
-                            num_frames=1, num_codebooks=NUM_CODEBOOKS, values=frame_codes(f)
+                            num_frames=1, num_codebooks=NUM_CODEBOOKS, values=self.codes(f)
                         ),
                     )
                 )
@@ -446,19 +448,25 @@ async def expect_rpc_error(call: Any) -> grpc.aio.AioRpcError:
 # Script mode: a fake talker in its own process
 
 
-async def _serve_talker(model_type: str, frames: int, delay: float, port: int = 0) -> None:
-    server, port = await start_fake(
-        stages_pb2_grpc.add_TalkerServicer_to_server, FakeTalker(model_type, frames, delay), port
-    )
-    print(port, flush=True)
+async def _serve(stage: str, argv: list[str]) -> None:
+    if stage == "talker":
+        model_type, frames, delay, *port = argv
+        add, fake = (
+            stages_pb2_grpc.add_TalkerServicer_to_server,
+            FakeTalker(model_type, int(frames), float(delay)),
+        )
+    else:
+        port = argv
+        add, fake = stages_pb2_grpc.add_DecoderServicer_to_server, FakeDecoder()
+    server, bound = await start_fake(add, fake, int(port[0]) if port else 0)
+    print(bound, flush=True)
     await server.wait_for_termination()
 
 
 if __name__ == "__main__":
-    if len(sys.argv) not in (5, 6) or sys.argv[1] != "talker":
-        raise SystemExit("usage: fake_stages.py talker MODEL_TYPE FRAMES DELAY [PORT]")
-    asyncio.run(
-        _serve_talker(
-            sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]) if len(sys.argv) == 6 else 0
-        )
-    )
+    args = sys.argv[1:]
+    if not (
+        (args[:1] == ["talker"] and len(args) in (4, 5)) or (args[:1] == ["decoder"] and len(args) in (1, 2))
+    ):
+        raise SystemExit("usage: fake_stages.py talker MODEL_TYPE FRAMES DELAY [PORT] | decoder [PORT]")
+    asyncio.run(_serve(args[0], args[1:]))

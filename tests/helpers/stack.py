@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -11,13 +10,16 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from qwen3_tts.local_stack import StageProcess, stage_commands, stop_all, wait_until_serving
+from qwen3_tts.local_stack import (
+    StageProcess,
+    free_port,
+    on_free_ports,
+    stage_commands,
+    stop_all,
+    wait_until_serving,
+)
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "start_stage", "wait_for"]
 
 
 @dataclass
@@ -49,22 +51,21 @@ def start_stage(stage: StageProcess, log_dir: Path, extra_env: dict[str, str] | 
 
 @contextmanager
 def running_stack(
-    model: Path, log_dir: Path, gateway_args: list[str] | None = None, extra_env: dict[str, str] | None = None
+    model: Path,
+    log_dir: Path,
+    gateway_args: list[str] | None = None,
+    extra_env: dict[str, str] | None = None,
+    replicas: int = 1,
 ):
-    """The four processes (ports chosen free, the gateway's HTTP API's too), SERVING; stopped
-    (SIGTERM) on exit."""
-    ports = [free_port() for _ in range(5)]
-    stages = stage_commands(model, "127.0.0.1", ports[0], ports[1], None, False, http_port=ports[4])
-    # stage_commands numbers stage ports consecutively from base_port: re-point them at free ports.
-    for stage, port in zip(stages[:3], ports[1:]):
-        stage.port = port
-        stage.args[stage.args.index("--port") + 1] = str(port)
-    gateway = stages[3]
-    for flag, port in zip(["--talker-targets", "--decoder-targets", "--speaker-targets"], ports[1:]):
-        gateway.args[gateway.args.index(flag) + 1] = f"127.0.0.1:{port}"
+    """The processes (``replicas`` talkers and decoders; ports chosen free, the gateway's HTTP
+    API's too), SERVING; stopped (SIGTERM) on exit."""
+    stages = stage_commands(model, "127.0.0.1", 0, 0, None, False, replicas)
+    on_free_ports(stages)
+    gateway = stages[-1]
+    http_port = int(gateway.args[gateway.args.index("--http-port") + 1])
     gateway.args += gateway_args or []
     log_dir.mkdir(parents=True, exist_ok=True)
-    stack = RunningStack(stages, log_dir, {s.name: s for s in stages}, http_port=ports[4])
+    stack = RunningStack(stages, log_dir, {s.name: s for s in stages}, http_port=http_port)
     try:
         for stage in stages:
             start_stage(stage, log_dir, extra_env)

@@ -42,6 +42,16 @@ class ServerConfig:
     grace_seconds: float = 30.0
     """On SIGTERM/SIGINT, how long in-flight RPCs may run before they are cancelled."""
 
+    max_connection_age_seconds: float = 300.0
+    """Close each client connection after this long (gRPC adds +-10 % jitter) with a GOAWAY:
+    clients reconnect and re-resolve their targets, so a gateway's ``dns:///`` stage targets pick
+    up newly added replicas without a restart. In-flight calls are not affected (see
+    ``max_connection_age_grace_seconds``). 0 = connections live forever."""
+
+    max_connection_age_grace_seconds: float = 0.0
+    """How long calls in flight on a connection closed for its age may still run before they
+    are cancelled; 0 = until they finish."""
+
     log_level: str = "INFO"
     """Root log level name (DEBUG, INFO, WARNING, ...)."""
 

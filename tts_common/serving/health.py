@@ -1,6 +1,12 @@
 """``grpc.health.v1.Health`` of a server: :class:`ServingHealth` holds the overall status and one
 status per served service; they start NOT_SERVING and flip to SERVING on
-:meth:`ServingHealth.mark_ready`."""
+:meth:`ServingHealth.mark_ready`.
+
+The overall status (service ``""``: liveness, "the process is up and has started") and the
+per-service statuses (readiness, "send me work") differ only through *dependencies*
+(:meth:`ServingHealth.set_dependency`): a process whose work needs another one (the gateway needs
+a reachable talker and decoder) reports its services NOT_SERVING while a dependency is down, and
+keeps its overall status, so a liveness probe does not restart it for an outage elsewhere."""
 
 from __future__ import annotations
 
@@ -58,8 +64,8 @@ class _HealthServicer(health_pb2_grpc.HealthServicer):
 
 class ServingHealth:
     """Health state of one server: the overall status (service ``""``) and one status per
-    served service. Methods must be called on the event loop's thread (from another thread use
-    ``loop.call_soon_threadsafe(health.mark_ready)``)."""
+    served service (see the module doc). Methods must be called on the event loop's thread (from
+    another thread use ``loop.call_soon_threadsafe(health.mark_ready)``)."""
 
     SERVING = health_pb2.HealthCheckResponse.SERVING
     NOT_SERVING = health_pb2.HealthCheckResponse.NOT_SERVING
@@ -70,42 +76,58 @@ class ServingHealth:
         self.service_names: tuple[str, ...] = ("", *service_names)
         self._stage = stage
         self._shutting_down = False
-        self._set_all(ready)
+        self._marked_ready = ready
+        self._dependencies: dict[str, bool] = {}
+        self._publish()
 
-    def _set_all(self, serving: bool) -> None:
-        status = self.SERVING if serving else self.NOT_SERVING
-        for name in self.service_names:
-            self.servicer.set(name, status)
+    def _publish(self) -> None:
+        up = self._marked_ready and not self._shutting_down
+        ready = up and all(self._dependencies.values())
+        self.servicer.set("", self.SERVING if up else self.NOT_SERVING)
+        for name in self.service_names[1:]:
+            self.servicer.set(name, self.SERVING if ready else self.NOT_SERVING)
         if self._stage:
-            metrics.READY.labels(stage=self._stage).set(1 if serving else 0)
+            metrics.READY.labels(stage=self._stage).set(1 if ready else 0)
 
     @property
     def ready(self) -> bool:
-        """Whether the overall status is SERVING."""
+        """Whether the overall status is SERVING (started, not shutting down)."""
         return self.servicer.get("") == self.SERVING
 
     @property
     def shutting_down(self) -> bool:
         return self._shutting_down
 
+    @property
+    def unmet_dependencies(self) -> tuple[str, ...]:
+        """Names of the dependencies that are down now."""
+        return tuple(name for name, ok in self._dependencies.items() if not ok)
+
     def status(self, service: str = "") -> int | None:
         """The current status of ``service`` (None if unknown)."""
         return self.servicer.get(service)
 
     def mark_ready(self) -> None:
-        """Report SERVING for the server and every service (ignored once shutting down)."""
-        if not self._shutting_down:
-            self._set_all(True)
+        """Report SERVING for the server and (dependencies permitting) every service; ignored
+        once shutting down."""
+        self._marked_ready = True
+        self._publish()
 
     def mark_not_serving(self) -> None:
-        """Report NOT_SERVING (e.g. lost a downstream stage); :meth:`mark_ready` undoes it."""
-        if not self._shutting_down:
-            self._set_all(False)
+        """Report NOT_SERVING everywhere; :meth:`mark_ready` undoes it."""
+        self._marked_ready = False
+        self._publish()
+
+    def set_dependency(self, name: str, available: bool) -> None:
+        """Record whether dependency ``name`` is available: the services report SERVING only
+        while every dependency is (the overall status does not depend on them)."""
+        self._dependencies[name] = available
+        self._publish()
 
     def enter_graceful_shutdown(self) -> None:
         """Report NOT_SERVING permanently (later :meth:`mark_ready` calls are ignored)."""
-        self._set_all(False)
         self._shutting_down = True
+        self._publish()
 
 
 __all__ = ["ServingHealth"]

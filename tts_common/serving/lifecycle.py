@@ -156,6 +156,7 @@ async def serve(
     stop_event: asyncio.Event | None = None,
     drain_seconds: float = 0.0,
     companions: Sequence[Companion] = (),
+    on_health: Callable[[ServingHealth], None] | None = None,
     **build_kwargs: Any,
 ) -> None:
     """Whole lifecycle of a server process: metrics endpoint, :func:`build_server`, start (and
@@ -163,10 +164,15 @@ async def serve(
     meanwhile, and a signal cancels it), ``mark_ready()``, serve until SIGTERM/SIGINT (or
     ``stop_event``), graceful stop of the server and the companions (:func:`serve_until_signal`),
     then ``shutdown()`` (release resources). Exceptions from ``startup`` stop the server and
-    propagate (the process exits non-zero). ``build_kwargs`` go to :func:`build_server`."""
+    propagate (the process exits non-zero). ``on_health`` gets the server's
+    :class:`ServingHealth` once it is built, before the companions start (e.g. to tie readiness
+    to downstream stages with :meth:`ServingHealth.set_dependency`). ``build_kwargs`` go to
+    :func:`build_server`."""
     metrics_server = metrics.start_metrics_server(config.metrics_port, config.metrics_host)
     try:
         server, health = build_server(config, add_servicers, service_names, **build_kwargs)
+        if on_health is not None:
+            on_health(health)
         await server.start()
         logger.info(
             "%s listening on %s (port %d)", config.stage or "server", config.address, bound_port(server)

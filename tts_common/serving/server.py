@@ -28,14 +28,39 @@ from .names import HEALTH_SERVICE_NAME, PLUMBING_METHOD_PREFIXES, REFLECTION_SER
 _BOUND_PORTS: weakref.WeakKeyDictionary[grpc.aio.Server, int] = weakref.WeakKeyDictionary()
 
 
+KEEPALIVE_SERVER_OPTIONS: tuple[tuple[str, Any], ...] = (
+    # The gateway pings its stage connections every few seconds (keepalive_channel_options) to
+    # notice a hung replica; gRPC servers answer frequent pings with GOAWAY "too_many_pings" by
+    # default (and the client then backs its pings off), so accept them, idle connections too.
+    ("grpc.keepalive_permit_without_calls", 1),
+    ("grpc.http2.min_recv_ping_interval_without_data_ms", 500),
+    ("grpc.http2.max_ping_strikes", 0),
+)
+"""Server options that accept the stage channels' keepalive pings (every server has them)."""
+
+_UNLIMITED_MS = 2**31 - 1
+
+
 def server_options(config: ServerConfig) -> list[tuple[str, Any]]:
     """gRPC core options for a server built from ``config``."""
-    return [
+    options: list[tuple[str, Any]] = [
         ("grpc.max_receive_message_length", config.max_receive_message_bytes),
         ("grpc.max_send_message_length", config.max_send_message_bytes),
         # Without this, Linux lets a second process bind the same port and silently share it.
         ("grpc.so_reuseport", 0),
+        *KEEPALIVE_SERVER_OPTIONS,
     ]
+    if config.max_connection_age_seconds > 0:
+        grace = config.max_connection_age_grace_seconds
+        options += [
+            ("grpc.max_connection_age_ms", _milliseconds(config.max_connection_age_seconds)),
+            ("grpc.max_connection_age_grace_ms", _milliseconds(grace) if grace > 0 else _UNLIMITED_MS),
+        ]
+    return options
+
+
+def _milliseconds(seconds: float) -> int:
+    return max(1, min(int(seconds * 1000), _UNLIMITED_MS))
 
 
 def channel_options(config: ServerConfig | None = None) -> list[tuple[str, Any]]:
@@ -44,6 +69,26 @@ def channel_options(config: ServerConfig | None = None) -> list[tuple[str, Any]]
     return [
         ("grpc.max_receive_message_length", config.max_receive_message_bytes),
         ("grpc.max_send_message_length", config.max_send_message_bytes),
+    ]
+
+
+def keepalive_channel_options(interval_seconds: float, timeout_seconds: float) -> list[tuple[str, Any]]:
+    """Client channel options that ping the server every ``interval_seconds`` (also with no call
+    in flight) and fail the connection, and every call on it, when a ping is not answered within
+    ``timeout_seconds``: a hung or partitioned peer is noticed within their sum instead of the
+    kernel's TCP timeouts (minutes). 0 ``interval_seconds`` = no keepalive pings."""
+    if interval_seconds <= 0:
+        return []
+    timeout_ms = _milliseconds(timeout_seconds)
+    return [
+        ("grpc.keepalive_time_ms", _milliseconds(interval_seconds)),
+        ("grpc.keepalive_timeout_ms", timeout_ms),
+        ("grpc.keepalive_permit_without_calls", 1),
+        ("grpc.http2.max_pings_without_data", 0),
+        # Any ping in flight (gRPC's own bandwidth probes included) times out after this, and a
+        # keepalive ping is not sent while another ping is outstanding: without it a stalled peer
+        # is only noticed after the default ping timeout of one minute.
+        ("grpc.http2.ping_timeout_ms", timeout_ms),
     ]
 
 
@@ -102,4 +147,11 @@ def bound_port(server: grpc.aio.Server) -> int:
     return _BOUND_PORTS[server]
 
 
-__all__ = ["bound_port", "build_server", "channel_options", "server_options"]
+__all__ = [
+    "KEEPALIVE_SERVER_OPTIONS",
+    "bound_port",
+    "build_server",
+    "channel_options",
+    "keepalive_channel_options",
+    "server_options",
+]

@@ -20,6 +20,8 @@ SERVER = {
     "--max-receive-message-bytes": 64 * 1024 * 1024,
     "--max-send-message-bytes": 64 * 1024 * 1024,
     "--grace-seconds": 30.0,
+    "--max-connection-age-seconds": 300.0,
+    "--max-connection-age-grace-seconds": 0.0,
     "--log-level": "INFO",
 }
 MODEL = {"--model": "", "--device": None, "--dtype": "float32", "--threads": 0}
@@ -48,6 +50,13 @@ OWN: dict[str, dict[str, Any]] = {
         "--http-host": None,
         "--http-max-body-bytes": 1024 * 1024,
         "--voice-alias": (),
+        "--health-check-interval-seconds": 1.0,
+        "--health-check-timeout-seconds": 2.0,
+        "--keepalive-seconds": 2.0,
+        "--keepalive-timeout-seconds": 2.0,
+        "--failover-attempts": 3,
+        "--failover-wait-seconds": 3.0,
+        "--failover-max-frames": 4096,
     },
     "talker": {
         **MODEL,

@@ -2,8 +2,7 @@
 
 from __future__ import annotations
 
-import datetime
-import ipaddress
+import asyncio
 from pathlib import Path
 
 import grpc
@@ -11,7 +10,9 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from gateway.auth import extract_api_key
+from qwen3_tts.cli import build_parser, cmd_health
 from tests.helpers.fake_stages import Harness, expect_rpc_error, run
+from tests.helpers.tls import self_signed
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 
@@ -53,45 +54,8 @@ def test_extract_api_key() -> None:
     assert extract_api_key([("authorization", "Bearer")]) is None
 
 
-def _self_signed(tmp_path: Path) -> tuple[str, str, bytes]:
-    crypto = pytest.importorskip("cryptography")
-    del crypto
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "localhost")])
-    now = datetime.datetime.now(datetime.timezone.utc)
-    cert = (
-        x509.CertificateBuilder()
-        .subject_name(name)
-        .issuer_name(name)
-        .public_key(key.public_key())
-        .serial_number(x509.random_serial_number())
-        .not_valid_before(now - datetime.timedelta(minutes=5))
-        .not_valid_after(now + datetime.timedelta(days=1))
-        .add_extension(
-            x509.SubjectAlternativeName(
-                [x509.DNSName("localhost"), x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]
-            ),
-            critical=False,
-        )
-        .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-        .sign(key, hashes.SHA256())
-    )
-    cert_pem = cert.public_bytes(serialization.Encoding.PEM)
-    key_pem = key.private_bytes(
-        serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption()
-    )
-    (tmp_path / "cert.pem").write_bytes(cert_pem)
-    (tmp_path / "key.pem").write_bytes(key_pem)
-    return str(tmp_path / "cert.pem"), str(tmp_path / "key.pem"), cert_pem
-
-
 def test_tls_public_port(tmp_path: Path) -> None:
-    cert, key, cert_pem = _self_signed(tmp_path)
+    cert, key, cert_pem = self_signed(tmp_path)
     creds = grpc.ssl_channel_credentials(root_certificates=cert_pem)
 
     async def main() -> None:
@@ -107,3 +71,34 @@ def test_tls_public_port(tmp_path: Path) -> None:
                 assert err.code() in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED)
 
     run(main())
+
+
+def test_health_command_speaks_tls(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cert, key, _ = self_signed(tmp_path)
+
+    async def main() -> None:
+        async with Harness(tls_cert=cert, tls_key=key, http=True) as h:
+            url = h.http_url + "/health"
+            assert url.startswith("https://")
+
+            async def health(*flags: str, address: str = f"127.0.0.1:{h.port}") -> int:
+                args = build_parser().parse_args(["health", address, "--timeout", "2", *flags])
+                return await asyncio.to_thread(cmd_health, args)  # blocking client: off the loop
+
+            assert await health("--tls-ca", cert) == 0
+            assert await health("--tls-ca", cert, "--tls-server-name", "localhost") == 0
+            assert await health("--tls-ca", cert, "--tls-server-name", "other.example") == 1
+            assert await health() == 1  # plaintext against a TLS port
+            assert await health("--tls") == 1  # the system roots do not vouch for it
+            with pytest.raises(ValueError, match="together"):
+                await health("--tls-cert", cert)
+            # the HTTP API on the same certificate: an https:// URL takes the same flags
+            assert await health("--tls-ca", cert, address=url) == 0
+            assert await health("--tls-ca", cert, "--tls-server-name", "localhost", address=url) == 0
+            assert await health("--tls-ca", cert, "--tls-server-name", "other.example", address=url) == 1
+            assert await health(address=url) == 1  # the system roots do not vouch for it
+            with pytest.raises(ValueError, match="together"):
+                await health("--tls-key", key, address=url)
+
+    run(main())
+    assert "SERVING" in capsys.readouterr().out

@@ -452,5 +452,17 @@ def test_health_command_checks_grpc_and_http_together() -> None:
             assert await asyncio.to_thread(health, grpc_address, url) == 1
             h.health.mark_ready()
             assert await asyncio.to_thread(health, grpc_address, h.http_url + "/nothing") == 1  # 404
+            # /health is readiness: a stage without a reachable replica fails it (as the gRPC
+            # service's status), while the process stays up (overall status, liveness)
+            h.health.set_dependency("decoder stage", False)
+            assert await asyncio.to_thread(health, url) == 1
+            assert await asyncio.to_thread(health, grpc_address) == 0
+            reader, writer = await _raw_request(h.http_server.port, "GET /health HTTP/1.1\r\nHost: t\r\n")
+            status, headers = await _read_head(reader)
+            body = json.loads(await reader.readexactly(int(headers["content-length"])))
+            writer.close()
+            assert (status, body) == (503, {"status": "not_serving", "unavailable": ["decoder stage"]})
+            h.health.set_dependency("decoder stage", True)
+            assert await asyncio.to_thread(health, url) == 0
 
     run(main())

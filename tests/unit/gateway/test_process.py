@@ -1,6 +1,7 @@
 """``python -m gateway`` as a process: NOT_SERVING until the talker answers, then SERVING with
-the talker's model, on the gRPC port and on the HTTP API's ``/health`` alike (one process, one
-event loop, one health); SIGTERM stops both with exit code 0."""
+the talker's model; its service (readiness) is SERVING only while a talker and a decoder
+replica are reachable, and the HTTP API's ``/health`` says the same (one process, one event loop,
+one health); SIGTERM stops both listeners with exit code 0."""
 
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
+SERVICE = "qwen3tts.v1.TextToSpeech"
 FAKES = Path(__file__).resolve().parents[2] / "helpers" / "fake_stages.py"
 
 
@@ -42,12 +44,19 @@ def _wait_for(pattern: str, path: Path, proc: subprocess.Popen[bytes], timeout: 
     raise AssertionError(f"{pattern!r} not logged:\n{path.read_text()}")
 
 
-async def _health(port: int) -> int:
+async def _health(port: int, service: str = "") -> int:
     async with grpc.aio.insecure_channel(f"127.0.0.1:{port}") as channel:
         reply = await health_pb2_grpc.HealthStub(channel).Check(
-            health_pb2.HealthCheckRequest(service=""), timeout=2, wait_for_ready=True
+            health_pb2.HealthCheckRequest(service=service), timeout=2, wait_for_ready=True
         )
         return reply.status
+
+
+def _wait_health(port: int, status: int, service: str, log: Path, timeout: float = 15) -> None:
+    deadline = time.monotonic() + timeout
+    while asyncio.run(_health(port, service)) != status:
+        assert time.monotonic() < deadline, log.read_text()
+        time.sleep(0.1)
 
 
 async def _model_type(port: int) -> str:
@@ -68,8 +77,7 @@ def _http_health(port: int) -> int:
 
 def test_gateway_process_lifecycle(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "QWEN3TTS_TALKER_TARGETS": ""}
-    talker_port = _free_port()
-    http_port = _free_port()
+    talker_port, decoder_port, http_port = _free_port(), _free_port(), _free_port()
     log = tmp_path / "gateway.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:
@@ -86,7 +94,9 @@ def test_gateway_process_lifecycle(tmp_path: Path) -> None:
                     "--talker-targets",
                     f"127.0.0.1:{talker_port}",
                     "--decoder-targets",
-                    "127.0.0.1:1",
+                    f"127.0.0.1:{decoder_port}",
+                    "--health-check-interval-seconds",
+                    "0.2",
                     "--http-port",
                     str(http_port),
                 ],
@@ -107,12 +117,30 @@ def test_gateway_process_lifecycle(tmp_path: Path) -> None:
             stdout=subprocess.DEVNULL,
         )
         procs.append(talker)
-        deadline = time.monotonic() + 15
-        while asyncio.run(_health(port)) != health_pb2.HealthCheckResponse.SERVING:
-            assert time.monotonic() < deadline, log.read_text()
-            time.sleep(0.1)
+        serving, not_serving = (
+            health_pb2.HealthCheckResponse.SERVING,
+            health_pb2.HealthCheckResponse.NOT_SERVING,
+        )
+        _wait_health(port, serving, "", log)
         assert asyncio.run(_model_type(port)) == "base"
+        # Readiness: no decoder yet, so the service is NOT_SERVING while the process is up, and
+        # the HTTP readiness endpoint agrees.
+        assert asyncio.run(_health(port, SERVICE)) == not_serving
+        assert _http_health(http_port) == 503
+        decoder = subprocess.Popen(
+            [sys.executable, str(FAKES), "decoder", str(decoder_port)],
+            cwd=REPO,
+            env=env,
+            stdout=subprocess.DEVNULL,
+        )
+        procs.append(decoder)
+        _wait_health(port, serving, SERVICE, log)
         assert _http_health(http_port) == 200
+        talker.kill()  # the only talker replica is gone: not ready, still alive
+        _wait_health(port, not_serving, SERVICE, log)
+        assert asyncio.run(_health(port)) == serving
+        assert _http_health(http_port) == 503
+        assert "readiness: talker stage has no reachable replica" in log.read_text()
         gateway.send_signal(signal.SIGTERM)
         assert gateway.wait(10) == 0, log.read_text()
         with socket.socket() as sock:  # the HTTP listener went with the process

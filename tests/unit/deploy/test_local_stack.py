@@ -1,0 +1,69 @@
+"""``qwen3-tts up`` command lines (qwen3_tts.local_stack.stage_commands), ``--replicas`` included."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from gateway.config import FLAGS, gateway_config_from_args
+from qwen3_tts.cli import build_parser
+from qwen3_tts.local_stack import is_replicated, on_free_ports, should_restart, stage_commands
+
+
+def _flag(args: list[str], name: str) -> str:
+    return args[args.index(name) + 1]
+
+
+def test_one_replica_is_the_classic_four_processes() -> None:
+    stages = stage_commands(Path("/m"), "0.0.0.0", 50051, 50052, None, True)
+    assert [(s.name, s.port) for s in stages] == [
+        ("talker", 50052),
+        ("decoder", 50053),
+        ("speaker", 50054),
+        ("gateway", 50051),
+    ]
+    assert [_flag(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
+    assert _flag(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
+
+
+@given(replicas=st.integers(1, 6), base=st.integers(1024, 60000), metrics=st.booleans())
+def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
+    replicas: int, base: int, metrics: bool
+) -> None:
+    stages = stage_commands(Path("/m"), "127.0.0.1", 1000, base, "cpu", metrics, replicas)
+    names = [s.name for s in stages]
+    assert names[:3] == ["talker", "decoder", "speaker"] and names[-1] == "gateway"
+    for kind in ("talker", "decoder"):
+        assert [n for n in names if n.split("-")[0] == kind] == [kind] + [
+            f"{kind}-{k}" for k in range(2, replicas + 1)
+        ]
+    ports = [s.port for s in stages]
+    assert len(set(ports)) == len(ports)
+    assert sorted(ports[:-1]) == list(range(base, base + 2 * replicas + 1))  # consecutive from base
+    for stage in stages[:-1]:
+        assert _flag(stage.args, "--port") == str(stage.port)
+        assert stage.args[2] == f"{stage.name.split('-')[0]}_service"
+        assert is_replicated(stage.name) == (stage.name != "speaker")
+    if metrics:
+        metric_ports = [_flag(s.args, "--metrics-port") for s in stages]
+        assert len(set(metric_ports)) == len(metric_ports)
+    on_free_ports(stages)
+    config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
+    for kind, targets in (("talker", config.talker_targets), ("decoder", config.decoder_targets)):
+        assert targets == tuple(s.address for s in stages if s.name.split("-")[0] == kind)
+        assert len(targets) == replicas
+    assert config.speaker_targets == (stages[2].address,)
+
+
+def test_up_flag() -> None:
+    assert build_parser().parse_args(["up"]).replicas == 1
+    assert build_parser().parse_args(["up", "--replicas", "3"]).replicas == 3
+
+
+def test_up_restarts_only_replicas_of_a_replicated_stack() -> None:
+    assert should_restart("talker", 2, 60) and should_restart("decoder-2", 3, 11)
+    assert not should_restart("talker", 1, 60)  # one replica: its streams died, stop as before
+    assert not should_restart("speaker", 2, 60) and not should_restart("gateway", 2, 60)
+    assert not should_restart("talker-2", 2, 3)  # crash loop
