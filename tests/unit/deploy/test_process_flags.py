@@ -29,7 +29,8 @@ OWN: dict[str, dict[str, Any]] = {
         "--decoder-targets": (),
         "--speaker-targets": (),
         "--max-concurrent-streams": 64,
-        "--max-text-chars": 2000,
+        "--max-text-chars": 100_000,
+        "--max-instruct-chars": 2000,
         "--max-ref-audio-seconds": 60.0,
         "--max-ref-audio-bytes": 32 * 1024 * 1024,
         "--voices-dir": None,
@@ -44,6 +45,11 @@ OWN: dict[str, dict[str, Any]] = {
         "--stage-timeout-seconds": 30.0,
         "--startup-timeout-seconds": 0.0,
         "--model-info-ttl-seconds": 60.0,
+        "--segment-tokens": 0,
+        "--segment-lookahead": 1,
+        "--no-silence-stop": True,
+        "--silence-threshold-dbfs": -45.0,
+        "--silence-stop-seconds": 2.0,
     },
     "talker": {
         **MODEL,
@@ -95,7 +101,13 @@ def test_environment_variables(stage: str) -> None:
             expected.add(f"QWEN3TTS_{key}")
     assert set(flags.env_names()) == expected
     # Each variable reaches its flag: the stage-specific one beats the generic one.
-    values = {"--dtype": "bfloat16", "--no-cuda-graphs": "1", "--log-level": "DEBUG"}
+    values = {
+        "--dtype": "bfloat16",
+        "--no-cuda-graphs": "1",
+        "--no-silence-stop": "1",
+        "--silence-threshold-dbfs": "-30",
+        "--log-level": "DEBUG",
+    }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()
         text = values.get(option, "7")
