@@ -255,6 +255,8 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
         """Simulate a stuck decoder: never answer after DecodeEnd."""
         self.silent_from_frame: int | None = None
         """Output digital silence for every generated frame from this one on."""
+        self.first_pcm_at: list[float] = []
+        """loop.time() of each Decode call's first PCM chunk (in the order they were sent)."""
 
     async def Decode(
         self,
@@ -277,6 +279,8 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
 
         def pcm(frames: list[tuple[int, int]]) -> stages_pb2.DecoderServerMessage:
             audio = np.concatenate([audio_of(f, c) for f, c in frames])
+            if frames[0][0] == 0:
+                self.first_pcm_at.append(asyncio.get_running_loop().time())
             self.chunk_frames.append(len(frames))
             return stages_pb2.DecoderServerMessage(
                 pcm=stages_pb2.PcmChunk(
