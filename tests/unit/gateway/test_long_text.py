@@ -244,3 +244,25 @@ def test_cancel_stops_every_segment() -> None:
             assert len(h.talker.requests) == 3
 
     run(main(), timeout=30)
+
+
+def test_tokenizer_fetch_is_retried_in_the_background() -> None:
+    async def main() -> None:
+        checkpoint = CKPT_DIR / "tiny_custom_voice"
+        async with Harness(frames=2, segment_tokens=25, model_info_ttl_seconds=0.05) as h:
+            assert not h.service.token_counter.exact  # the talker could not serve it at startup
+            h.talker.tokenizer_dir = checkpoint
+            await asyncio.sleep(0.1)
+            await h.synthesize(request())  # cut by the estimate; starts a fetch
+            for _ in range(200):
+                if h.service.token_counter.exact:
+                    break
+                await asyncio.sleep(0.02)
+            assert h.service.token_counter.exact
+            first = len(h.talker.requests)
+            await h.synthesize(request())
+        exact = segment_text(TEXT, 25, TextTokenizer.from_checkpoint(checkpoint).count_tokens)
+        assert [r.text for r in h.talker.requests[:first]] == [p.text for p in segment_text(TEXT, 25)]
+        assert [r.text for r in h.talker.requests[first:]] == [p.text for p in exact]
+
+    run(main(), timeout=60)
