@@ -1,6 +1,6 @@
 """A 20,000-character text through the real four-process stack on the dev checkpoint: every segment
 in order, ``start_sample`` continuous, the same audio as synthesizing the segments one by one with
-their derived seeds, and the same WAV from ``qwen3-tts synthesize --text-file``.
+their derived seeds; and ``qwen3-tts synthesize --text-file`` writes the segments' audio as one WAV.
 
 Each segment gets ``max_new_tokens = 3`` (2 frames): enough to prove the orchestration, cheap on
 two CPU cores."""
@@ -10,6 +10,7 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
 import grpc
 import numpy as np
@@ -78,7 +79,7 @@ def dev_stack(dev_model, tmp_path_factory):
         yield stack
 
 
-def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack, tmp_path):
+def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack):
     text = long_text()
     assert 19_900 <= len(text) <= 20_000
     with grpc.insecure_channel(dev_stack.address("gateway")) as channel:
@@ -116,17 +117,30 @@ def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack,
         )
         assert [(s.text_start, s.text_end) for s in segments] == [(p.start, p.end) for p in expected]
 
-        # The same audio as each segment synthesized alone with its derived seed.
-        for s in segments:
-            one_metas, one_chunks, one_summary = synthesize(stub, text[s.text_start : s.text_end], s.seed)
-            alone = audio_of(one_chunks)
-            assert one_summary.num_segments == 1 and one_metas == 1
-            assert alone.size == s.num_samples, s.index
-            np.testing.assert_allclose(
-                audio[s.start_sample : s.start_sample + s.num_samples], alone, atol=1e-4
+        # The same audio as each segment synthesized alone with its derived seed (several at once:
+        # the talker is batch-invariant, and the suite stays fast).
+        def alone(segment: tts_pb2.SegmentSummary) -> tuple[int, np.ndarray]:
+            metas, chunks, summary = synthesize(
+                stub, text[segment.text_start : segment.text_end], segment.seed
             )
+            assert metas == 1 and summary.num_segments == 1
+            return segment.index, audio_of(chunks)
 
-    # Offline: the same segmenter and seeds, one WAV with the same audio.
+        with ThreadPoolExecutor(8) as pool:
+            for index, one in pool.map(alone, segments):
+                s = segments[index]
+                assert one.size == s.num_samples, index
+                np.testing.assert_allclose(
+                    audio[s.start_sample : s.start_sample + s.num_samples], one, atol=1e-4
+                )
+
+
+def test_offline_text_file_is_the_segments_one_by_one(dev_model, dev_stack, tmp_path):
+    # A shorter text cut small (--segment-tokens) keeps this fast; the cut is the same code path.
+    text, size = long_text(1500), 40
+    tokenizer = TextTokenizer.from_checkpoint(dev_model)
+    pieces = segment_text(text, size, tokenizer.count_tokens)
+    assert len(pieces) > 5
     text_file, out = tmp_path / "chapter.txt", tmp_path / "chapter.wav"
     text_file.write_text(text, encoding="utf-8")
     proc = subprocess.run(
@@ -149,13 +163,23 @@ def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack,
             str(SEED),
             "--max-new-tokens",
             str(MAX_NEW_TOKENS),
+            "--segment-tokens",
+            str(size),
         ],  # fmt: skip
         capture_output=True,
         text=True,
         timeout=300,
     )
     assert proc.returncode == 0, proc.stderr
-    assert f"{len(segments)} segments" in proc.stdout, proc.stdout
+    assert f"{len(pieces)} segments" in proc.stdout, proc.stdout
     offline, rate = sf.read(out, dtype="float32")
-    assert rate == 24000 and offline.shape == audio.shape
-    np.testing.assert_allclose(offline, audio, atol=1e-4)
+    with grpc.insecure_channel(dev_stack.address("gateway")) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+
+        def alone(k: int) -> np.ndarray:
+            return audio_of(synthesize(stub, pieces[k].text, segment_seed(SEED, k))[1])
+
+        with ThreadPoolExecutor(8) as pool:
+            expected = np.concatenate(list(pool.map(alone, range(len(pieces)))))
+    assert rate == 24000 and offline.shape == expected.shape
+    np.testing.assert_allclose(offline, expected, atol=1e-4)
