@@ -266,3 +266,17 @@ def test_tokenizer_fetch_is_retried_in_the_background() -> None:
         assert [r.text for r in h.talker.requests[first:]] == [p.text for p in exact]
 
     run(main(), timeout=60)
+
+
+def test_deadline_stops_every_segment() -> None:
+    async def main() -> None:
+        async with Harness(frames=400, delay=0.01, segment_tokens=30, segment_lookahead=2) as h:
+            err = await expect_rpc_error(h.stub.Synthesize(request(), timeout=1.0))
+            assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+            for _ in range(300):
+                if h.talker.active == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert h.talker.active == 0 and h.talker.max_active == 3
+
+    run(main(), timeout=30)
