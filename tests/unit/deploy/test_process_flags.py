@@ -31,7 +31,8 @@ OWN: dict[str, dict[str, Any]] = {
         "--decoder-targets": (),
         "--speaker-targets": (),
         "--max-concurrent-streams": 64,
-        "--max-text-chars": 2000,
+        "--max-text-chars": 100_000,
+        "--max-instruct-chars": 2000,
         "--max-ref-audio-seconds": 60.0,
         "--max-ref-audio-bytes": 32 * 1024 * 1024,
         "--voices-dir": None,
@@ -57,6 +58,11 @@ OWN: dict[str, dict[str, Any]] = {
         "--failover-attempts": 3,
         "--failover-wait-seconds": 3.0,
         "--failover-max-frames": 4096,
+        "--segment-tokens": 0,
+        "--segment-lookahead": 1,
+        "--no-silence-stop": True,
+        "--silence-threshold-dbfs": -45.0,
+        "--silence-stop-seconds": 2.0,
     },
     "talker": {
         **MODEL,
@@ -113,6 +119,8 @@ def test_environment_variables(stage: str) -> None:
         "--no-cuda-graphs": "1",
         "--log-level": "DEBUG",
         "--voice-alias": "alloy=vivian",
+        "--no-silence-stop": "1",
+        "--silence-threshold-dbfs": "-30",
     }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()
