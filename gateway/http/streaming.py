@@ -20,8 +20,11 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -51,9 +54,26 @@ async def audio_bytes(responses: Responses, where: str) -> AsyncIterator[bytes]:
 
 def summary_object(summary: tts_pb2.SynthesisSummary) -> dict[str, object]:
     """The ``SynthesisSummary`` as JSON: every field, numbers as numbers (proto JSON would quote
-    64-bit integers), the finish reason by name."""
-    result: dict[str, object] = {f.name: getattr(summary, f.name) for f in summary.DESCRIPTOR.fields}
-    result["finish_reason"] = tts_pb2.FinishReason.Name(summary.finish_reason)
+    64-bit integers), enums (finish reasons) by name, per-segment summaries as objects."""
+    return _message_object(summary)
+
+
+def _message_object(message: Message) -> dict[str, object]:
+    def value_of(field: FieldDescriptor, value: Any) -> object:
+        if field.message_type is not None:
+            return _message_object(value)
+        if field.enum_type is not None:
+            known = field.enum_type.values_by_number.get(value)
+            return known.name if known is not None else value
+        return value
+
+    result: dict[str, object] = {}
+    for field in message.DESCRIPTOR.fields:
+        value = getattr(message, field.name)
+        if field.is_repeated:
+            result[field.name] = [value_of(field, item) for item in value]
+        else:
+            result[field.name] = value_of(field, value)
     return result
 
 
