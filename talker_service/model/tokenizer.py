@@ -21,6 +21,14 @@ QWEN2_SPLIT_REGEX = (
 )
 
 
+SYNTHESIS_ROLE = "<|im_start|>assistant\n"
+"""What precedes the text in :meth:`TextTokenizer.synthesis_ids`."""
+SYNTHESIS_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+"""What follows the text in :meth:`TextTokenizer.synthesis_ids`."""
+ROLE_SEGMENT = "assistant\n"
+"""The part of :data:`SYNTHESIS_ROLE` after its special token: the start of the text's segment
+(added tokens cut the input into segments that are normalised and split separately)."""
+
 ROLE_TOKENS = 3
 """Tokens of ``<|im_start|>assistant\\n`` in front of the text in :meth:`TextTokenizer.synthesis_ids`."""
 TAIL_TOKENS = 5
@@ -34,9 +42,13 @@ class TokenizerError(ValueError):
 class TextTokenizer:
     """Text -> token ids exactly as the official processor (with the Qwen2 split regex)."""
 
-    def __init__(self, tokenizer: Tokenizer, added: dict[str, int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, added: dict[str, int], plain_added: bool = True) -> None:
         self._tok = tokenizer
         self._added = dict(added)
+        self._split = pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False)
+        self.plain_added_tokens = plain_added
+        """Every added token is matched on the raw text as is (not normalised, no whitespace
+        stripping, no word-boundary rule): what the incremental tokenizer relies on."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> TextTokenizer:
@@ -88,6 +100,7 @@ class TextTokenizer:
         tok.decoder = decoders.ByteLevel()
 
         added: dict[str, int] = {}
+        plain = True
         entries = sorted(((int(k), v) for k, v in (cfg.get("added_tokens_decoder") or {}).items()))
         for tid, spec in entries:
             token = AddedToken(
@@ -109,11 +122,26 @@ class TextTokenizer:
                     "(added tokens must follow the vocabulary contiguously)"
                 )
             added[spec["content"]] = tid
-        return cls(tok, added)
+            plain = plain and not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+        return cls(tok, added, plain)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added; special-token strings map to their ids)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        """The contents of the added (and special) tokens, matched in the raw text first."""
+        return tuple(self._added)
+
+    def normalize(self, text: str) -> str:
+        """``text`` through the tokenizer's normaliser (NFC)."""
+        return self._tok.normalizer.normalize_str(text)
+
+    def split(self, normalized: str) -> list[tuple[int, int]]:
+        """Character spans of the pre-tokens of ``normalized`` (Qwen2 split regex): BPE merges
+        never cross them."""
+        return [span for _, span in self._split.pre_tokenize_str(normalized)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Inverse of :meth:`encode` (for logs and debugging)."""
@@ -132,7 +160,13 @@ class TextTokenizer:
     def synthesis_ids(self, text: str) -> list[int]:
         """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``: the text's tokens
         with :data:`ROLE_TOKENS` in front and :data:`TAIL_TOKENS` behind."""
-        return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        return self.encode(f"{SYNTHESIS_ROLE}{text}{SYNTHESIS_TAIL}")
+
+    def text_ids(self, text: str) -> list[int]:
+        """The tokens of ``text`` as the prompt uses them: :meth:`synthesis_ids` without the role
+        and tail tokens (the official ``ids[3:-5]``, quirks included: a text starting with a line
+        break merges it into the role's)."""
+        return self.synthesis_ids(text)[ROLE_TOKENS:-TAIL_TOKENS]
 
     def instruct_ids(self, instruct: str) -> list[int]:
         """``<|im_start|>user\\n{instruct}<|im_end|>\\n``."""
