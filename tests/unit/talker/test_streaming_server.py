@@ -28,7 +28,7 @@ def _request(text: str, text_open: bool) -> Msg:
             language="english",
             speaker="serena",
             text_feeding=tts_pb2.TEXT_FEEDING_STREAMING,
-            sampling=tts_pb2.SamplingOptions(do_sample=False, subtalker_do_sample=False, max_new_tokens=30),
+            sampling=tts_pb2.SamplingOptions(do_sample=False, subtalker_do_sample=False, max_new_tokens=10),
             text_open=text_open,
         )
     )
