@@ -2,6 +2,8 @@
 
 - :mod:`.config` — :class:`EngineConfig` (slots, sequence length, queue bound, buckets, budgets).
 - :mod:`.request` — the engine's request and the events it delivers.
+- :mod:`.text_feed` — incremental text input: :class:`TextFeed` (the caller's ``append`` / ``end``)
+  and the engine thread's :class:`~.text_feed.TextStream`.
 - :mod:`.scheduler` — queue and slot bookkeeping (``add`` / ``schedule`` / ``update``; no tensors;
   running requests kept in slots 0..n-1).
 - :mod:`.slot_table` — per-slot decode state between steps.
@@ -14,6 +16,7 @@
 from .config import EngineConfig
 from .engine import EngineStats, Generation, TalkerEngine
 from .request import DoneEvent, EngineEvent, FinishReason, FrameEvent
+from .text_feed import TextFeed
 
 __all__ = [
     "DoneEvent",
@@ -24,4 +27,5 @@ __all__ = [
     "FrameEvent",
     "Generation",
     "TalkerEngine",
+    "TextFeed",
 ]
