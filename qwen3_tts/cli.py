@@ -15,6 +15,8 @@ from pathlib import Path
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
+    from tts_common.precision import DTYPE_CHOICES
+
     p = sub.add_parser("synthesize", help="offline synthesis (reference pipeline)")
     p.add_argument("--model", required=True, help="checkpoint directory (official layout)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -34,7 +36,13 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     mode.add_argument("--seed", type=int, help="sampling seed (checkpoint sampling defaults)")
     p.add_argument("--max-new-tokens", type=int, help="official meaning: M gives at most M-1 frames")
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPE_CHOICES,
+        help="auto = bfloat16 where the device multiplies it natively, else float32 (default float32: "
+        "parity with the official implementation)",
+    )
     p.add_argument("--out", type=Path, help="output WAV (with --text)")
     p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text)")
     p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
@@ -79,7 +87,11 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sampling.seed = args.seed
     if args.max_new_tokens is not None:
         sampling.max_new_tokens = args.max_new_tokens
-    synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
+    from tts_common.precision import resolve_dtype
+
+    synth = OfflineSynthesizer(
+        args.model, args.device, getattr(torch, resolve_dtype(args.dtype, args.device))
+    )
     results = synth.synthesize(requests, sampling)
     if args.requests is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)

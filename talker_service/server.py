@@ -10,6 +10,7 @@ full queue with RESOURCE_EXHAUSTED.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -22,12 +23,16 @@ from tts_common.codes import codes_to_proto
 from tts_common.compute_thread import run_in_fresh_thread
 from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
+from tts_common.onednn_linear import use_onednn_linears
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.precision import use_onednn_linears_for
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
+from .config import batch_buckets_for
 from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from .engine.kv_memory import plan_kv_cache
 from .model.loader import TalkerModel
 from .model_info import engine_inputs, talker_info
 
@@ -58,7 +63,18 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         dtype = getattr(torch, self.engine_config.dtype)
 
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
-            model = TalkerModel.from_checkpoint(self.model_dir, self.engine_config.device, dtype)
+            model = TalkerModel.from_checkpoint(
+                self.model_dir, self.engine_config.device, dtype, onednn_linears=False
+            )
+            # Sized after the weights are loaded: a fractional --kv-memory is of what is left.
+            plan = plan_kv_cache(model.talker.cfg, self.engine_config, dtype)
+            logger.info("%s", plan.describe())
+            config = self.engine_config
+            if use_onednn_linears_for(config.linear, config.device, dtype, plan.slots):
+                use_onednn_linears(model.talker)
+            self.engine_config = dataclasses.replace(
+                self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
+            )
             return model, TalkerEngine(model, self.engine_config)  # allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so

@@ -18,8 +18,9 @@ import torch
 
 from ..model.sampling import RequestNoise, SamplingTensors, step_noise
 from ..model.step import StepOutput, decode_step, prefill
-from ..model.talker import KVCache, Talker
+from ..model.talker import Talker
 from .config import EngineConfig
+from .kv_memory import allocate_kv_cache, uses_cuda_graphs
 from .request import EngineRequest
 from .slot_table import allocate_table, scatter_state
 
@@ -32,10 +33,11 @@ class TalkerRunner:
         self.config = config
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        use_graphs = self.device.type == "cuda" and config.use_cuda_graphs
+        use_graphs = self.device.type == "cuda" and uses_cuda_graphs(config)
         # CUDA graphs pad batches to a bucket: padding rows write into one extra scratch slot.
         num_slots = config.max_slots + (1 if use_graphs else 0)
-        self.cache = KVCache.allocate(talker.cfg, num_slots, config.max_seq_len, self.device, self.dtype)
+        # Lazily committed on CPU: positions no request reaches cost no memory (kv_memory.py).
+        self.cache = allocate_kv_cache(talker.cfg, num_slots, config.max_seq_len, self.device, self.dtype)
         self.table = allocate_table(talker, num_slots, self.device, self.dtype)
         cp = talker.cfg.code_predictor
         self.cp_steps = cp.num_code_groups - 1
