@@ -8,11 +8,30 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SHARED_HOST_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Environment defaults of every child: the model stages share this host's cores, each with all of
+them (torch's default thread count), so that a lone stream's talker or decoder work uses the whole
+machine. OpenMP workers then wait passively (sleep at once instead of spinning for a while after
+each parallel region), so a stage that is between kernels leaves its cores to the stages that are
+working instead of spinning on them. Variables already set in the environment win (compare
+``OMP_WAIT_POLICY=ACTIVE qwen3-tts up``). See deploy/OPERATIONS.md, "CPU hosts"."""
+
+
+def stage_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the stack's children: ``base`` plus :data:`SHARED_HOST_ENV` where
+    ``base`` leaves those variables unset."""
+    env = dict(base)
+    for key, value in SHARED_HOST_ENV.items():
+        if not env.get(key):
+            env[key] = value
+    return env
 
 
 @dataclass
@@ -35,10 +54,9 @@ def stage_commands(
     """Command lines of the stages and the gateway (the same flags the deploy files use)."""
     py = [sys.executable, "-m"]
     talker, decoder, speaker = base_port, base_port + 1, base_port + 2
+    # No --threads: each stage gets all cores, sharing them through passive OpenMP waiting
+    # (SHARED_HOST_ENV).
     dev = ["--device", device] if device else []
-    if device in (None, "cpu"):
-        # Three model stages share this host's cores: one torch thread each avoids oversubscription.
-        dev += ["--threads", "1"]
 
     def metrics_flag(offset: int) -> list[str]:
         return ["--metrics-port", str(9091 + offset)] if metrics else []
@@ -211,7 +229,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
             print(f"creating the dev checkpoint ({args.dev_model_type}) in {model} ...", flush=True)
         make_dev_model(model, args.dev_model_type, if_missing=True)
     stages = stage_commands(model.resolve(), args.host, args.port, args.base_port, args.device, args.metrics)
-    env = os.environ.copy()
+    env = stage_environment(os.environ)
     stop = StopRequest()
     try:
         for stage in stages:

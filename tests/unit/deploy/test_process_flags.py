@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.compose import process_flags
+from tts_common.memory import MemoryBudget
 from tts_common.stage_main import default_device
 
 SERVER = {
@@ -51,6 +52,8 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-seq-len": 2048,
         "--max-waiting": 64,
         "--no-cuda-graphs": True,
+        "--kv-memory": MemoryBudget(fraction=0.5),
+        "--linear": "auto",
     },
     "decoder": {**MODEL, "--max-streams": 64},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
@@ -95,7 +98,13 @@ def test_environment_variables(stage: str) -> None:
             expected.add(f"QWEN3TTS_{key}")
     assert set(flags.env_names()) == expected
     # Each variable reaches its flag: the stage-specific one beats the generic one.
-    values = {"--dtype": "bfloat16", "--no-cuda-graphs": "1", "--log-level": "DEBUG"}
+    values = {
+        "--dtype": "bfloat16",
+        "--no-cuda-graphs": "1",
+        "--log-level": "DEBUG",
+        "--kv-memory": "7GiB",
+        "--linear": "torch",
+    }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()
         text = values.get(option, "7")
