@@ -111,8 +111,10 @@ def parse_memory_budget(text: str) -> MemoryBudget:
 
 
 def format_bytes(n: int) -> str:
-    """``n`` bytes in GiB with two decimals (``"1.50 GiB"``)."""
-    return f"{n / 2**30:.2f} GiB"
+    """``n`` bytes with two decimals in GiB from 1 GiB (``"1.50 GiB"``), in MiB below."""
+    if n >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.2f} MiB"
 
 
 # ---------------------------------------------------------------------------------------------

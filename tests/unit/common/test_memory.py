@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 from tts_common.memory import (
     MemoryBudget,
     available_memory,
+    format_bytes,
     lazy_zeros,
     parse_memory_budget,
     resident_bytes,
@@ -113,3 +114,8 @@ def test_lazy_zeros_match_torch_zeros(shape: list[int], dtype: str) -> None:
     assert torch.equal(t, torch.zeros(shape, dtype=getattr(torch, dtype)))
     t += 1  # writable
     assert torch.equal(t, torch.ones(shape, dtype=getattr(torch, dtype)))
+
+
+def test_format_bytes() -> None:
+    assert format_bytes(3 * 2**29) == "1.50 GiB" and format_bytes(2**30) == "1.00 GiB"
+    assert format_bytes(448 * 2**20) == "448.00 MiB" and format_bytes(0) == "0.00 MiB"

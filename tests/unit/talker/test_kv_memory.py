@@ -22,7 +22,7 @@ from talker_service.server import TalkerServicer
 from tests.helpers.fixtures import CKPT_DIR, fixture_prompt_inputs, load_requests
 from tts_common.config import TalkerConfig
 from tts_common.flags import config_from_args
-from tts_common.memory import MemoryBudget, resident_bytes
+from tts_common.memory import MemoryBudget, format_bytes, resident_bytes
 from tts_common.stage_main import StageModelConfig
 from tts_common.synthesis import SamplingParams
 
@@ -72,7 +72,7 @@ def test_slots_are_what_fits_the_budget(budget: int, max_slots: int, positions: 
     assert plan.slots == max_slots or (plan.slots + 1 + scratch) * per_slot > budget
     assert plan.describe() == (
         f"KV cache: {plan.slots} slots x {positions} positions, "
-        f"{plan.total_bytes / 2**30:.2f} GiB of {budget / 2**30:.2f} GiB budget"
+        f"{format_bytes(plan.total_bytes)} of {format_bytes(budget)} budget"
     )
 
 
@@ -82,7 +82,9 @@ def test_a_fraction_is_of_the_available_memory() -> None:
     # 24 GB host, 3.6 GB of weights loaded: half of the rest holds 16 slots of 448 MiB (7 GiB).
     assert plan_kv_cache(cfg, config, torch.float32, available=20 * 10**9).slots == 16
     assert plan_kv_cache(cfg, config, torch.float32, available=4 * 2**30).slots == 4
-    with pytest.raises(KVBudgetError, match=r"0\.5 \(0\.22 GiB of 0\.44 GiB available\) holds no KV slot"):
+    with pytest.raises(
+        KVBudgetError, match=r"0\.5 \(224\.00 MiB of 448\.00 MiB available\) holds no KV slot"
+    ):
         plan_kv_cache(cfg, config, torch.float32, available=448 * 2**20)
     # Measured when not given: this machine holds at least one tiny slot.
     assert plan_kv_cache(cfg, dataclasses.replace(config, max_seq_len=8), torch.float32).slots >= 1
