@@ -265,9 +265,10 @@ def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace)
         out["max_realtime_concurrency"] = max(realtime, default=0)
         out["resident_mib_after_load"] = resident(stages)
         talker_log = (opts.work_dir / "logs" / f"talker-{dtype}.log").read_text(errors="replace")
-        out["kv_cache_log"] = next(
-            (ln.split("KV cache:", 1)[1].strip() for ln in talker_log.splitlines() if "KV cache:" in ln), None
-        )
+        for key, marker in (("kv_cache", "KV cache:"), ("linear_kernels", "linear kernels:")):
+            out[key] = next(
+                (ln.split(marker, 1)[1].strip() for ln in talker_log.splitlines() if marker in ln), None
+            )
     return out
 
 

@@ -70,8 +70,12 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             plan = plan_kv_cache(model.talker.cfg, self.engine_config, dtype)
             logger.info("%s", plan.describe())
             config = self.engine_config
-            if use_onednn_linears_for(config.linear, config.device, dtype, plan.slots):
+            packed = use_onednn_linears_for(config.linear, config.device, dtype, plan.slots)
+            if packed:
                 use_onednn_linears(model.talker)
+            logger.info(
+                "linear kernels: %s (--linear %s)", "oneDNN packed" if packed else "torch", config.linear
+            )
             self.engine_config = dataclasses.replace(
                 self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
             )

@@ -74,6 +74,16 @@ class StageServicer(Protocol):
         """Load the model (health turns SERVING once this returns)."""
 
 
+def resolve_model_config(model: StageModelConfig) -> StageModelConfig:
+    """``model`` with ``--dtype auto`` replaced by the dtype it means on ``model.device``
+    (:func:`tts_common.precision.resolve_dtype`), logged; other dtypes unchanged."""
+    if model.dtype != "auto":
+        return model
+    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device))
+    logging.getLogger(__name__).info("--dtype auto on %s: %s", resolved.device, resolved.dtype)
+    return resolved
+
+
 def run_stage_process(
     *,
     flags: ProcessFlags,
@@ -96,9 +106,7 @@ def run_stage_process(
     if not model.model:
         parser.error("--model (or QWEN3TTS_MODEL) is required")
     setup_logging(config.log_level, stage=flags.stage)
-    if model.dtype == "auto":
-        model = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device))
-        logging.getLogger(__name__).info("--dtype auto on %s: %s", model.device, model.dtype)
+    model = resolve_model_config(model)
     if model.threads > 0:
         import torch
 

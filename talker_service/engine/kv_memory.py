@@ -16,7 +16,6 @@ allocated whole up front, as the graphs need fixed addresses.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -26,8 +25,6 @@ from tts_common.memory import available_memory, format_bytes, lazy_zeros
 
 from ..model.talker import KVCache
 from .config import EngineConfig
-
-logger = logging.getLogger(__name__)
 
 
 class KVBudgetError(ValueError):

@@ -20,7 +20,7 @@ from ..model.sampling import RequestNoise, SamplingTensors, step_noise
 from ..model.step import StepOutput, decode_step, prefill
 from ..model.talker import Talker
 from .config import EngineConfig
-from .kv_memory import allocate_kv_cache, uses_cuda_graphs
+from .kv_memory import allocate_kv_cache
 from .request import EngineRequest
 from .slot_table import allocate_table, scatter_state
 
@@ -33,7 +33,7 @@ class TalkerRunner:
         self.config = config
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        use_graphs = self.device.type == "cuda" and uses_cuda_graphs(config)
+        use_graphs = self.device.type == "cuda" and config.use_cuda_graphs
         # CUDA graphs pad batches to a bucket: padding rows write into one extra scratch slot.
         num_slots = config.max_slots + (1 if use_graphs else 0)
         # Lazily committed on CPU: positions no request reaches cost no memory (kv_memory.py).

@@ -62,3 +62,13 @@ def test_linear_choice_rule(slots: int, flags: frozenset[str]) -> None:
     for choice in ("auto", "onednn"):
         assert not use_onednn_linears_for(choice, "cpu", torch.bfloat16, slots, flags=flags)
         assert not use_onednn_linears_for(choice, "cuda", torch.float32, slots, flags=flags)
+
+
+def test_stage_processes_resolve_auto_before_building_their_config() -> None:
+    from tts_common.stage_main import StageModelConfig, resolve_model_config
+
+    auto = resolve_model_config(StageModelConfig(model="m", device="cpu", dtype="auto"))
+    assert auto.dtype == resolve_dtype("auto", "cpu") and auto.model == "m"
+    for name in DTYPES:
+        fixed = StageModelConfig(model="m", device="cpu", dtype=name)
+        assert resolve_model_config(fixed) is fixed
