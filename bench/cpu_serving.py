@@ -345,9 +345,14 @@ def main() -> None:
         "runs": {},
     }
     print(json.dumps(report["machine"], indent=2), flush=True)
+    measured: dict[str, str] = {}
     for name in opts.dtypes.split(","):
         dtype = resolve_dtype(name, "cpu")
         print(f"== --dtype {name} ({dtype})", flush=True)
+        if dtype in measured:  # e.g. auto on a CPU without native bfloat16: float32 again
+            report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype]}
+            continue
+        measured[dtype] = name
         run: dict[str, Any] = {"dtype": dtype}
         run["offline"] = bench_offline(
             model, dtype, opts.speaker, opts.max_new_tokens, report["machine"]["memory_bandwidth_gbs"]
