@@ -23,6 +23,8 @@ if TYPE_CHECKING:  # the heavy modules are imported by the commands that use the
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
+    from tts_common.precision import DTYPE_CHOICES
+
     p = sub.add_parser("synthesize", help="offline synthesis (reference pipeline)")
     p.add_argument("--model", required=True, help="checkpoint directory (official layout)")
     src = p.add_mutually_exclusive_group(required=True)
@@ -59,7 +61,13 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
         help="keep audio that stays silent after speech (default: end a segment after 2 s of it, as the gateway)",
     )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=DTYPE_CHOICES,
+        help="auto = bfloat16 where the device multiplies it natively, else float32 (default float32: "
+        "parity with the official implementation)",
+    )
     p.add_argument("--out", type=Path, help="output WAV (with --text / --text-file)")
     p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text / --text-file)")
     p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
@@ -108,7 +116,11 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sampling.max_new_tokens = args.max_new_tokens
     if args.segment_tokens < 0:
         raise ValueError(f"--segment-tokens must be >= 0, got {args.segment_tokens}")
-    synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
+    from tts_common.precision import resolve_dtype
+
+    synth = OfflineSynthesizer(
+        args.model, args.device, getattr(torch, resolve_dtype(args.dtype, args.device))
+    )
     results = synth.synthesize(
         requests,
         sampling,

@@ -25,6 +25,7 @@ from tts_common.config import Qwen3TTSConfig, SpeechTokenizerConfig
 from tts_common.release_dims import (
     decoder_config_dict,
     encoder_config_dict,
+    model_config_dict,
     speech_tokenizer_config_dict,
     talker_config_dict,
 )
@@ -54,10 +55,40 @@ def _special_ids() -> dict[str, int]:
     return {entry["content"]: int(i) for i, entry in added.items()}
 
 
-def dev_model_config(model_type: str) -> dict[str, Any]:
-    """``config.json`` of the dev checkpoint (tiny dims, release ids, the shipped compact vocab)."""
+SIZES = ("dev", "0b6", "1b7")
+"""``dev``: tiny widths; ``0b6`` / ``1b7``: the released dimensions (random weights at real size,
+for benchmarks; the text vocabulary is still the shipped compact one)."""
+_TALKER_DIM_KEYS = (
+    "hidden_size",
+    "intermediate_size",
+    "num_hidden_layers",
+    "num_attention_heads",
+    "num_key_value_heads",
+    "head_dim",
+    "text_hidden_size",
+    "text_vocab_size",
+    "rope_scaling",
+    "code_predictor_config",
+)
+
+
+def dev_model_config(model_type: str, size: str = "dev") -> dict[str, Any]:
+    """``config.json`` of the dev checkpoint (tiny dims, or the released ones for ``size`` 0b6 /
+    1b7; release ids, the shipped compact vocab)."""
     if model_type not in MODEL_TYPES:
         raise ValueError(f"model type must be one of {MODEL_TYPES}, got {model_type!r}")
+    if size not in SIZES:
+        raise ValueError(f"size must be one of {SIZES}, got {size!r}")
+    config = _tiny_model_config(model_type)
+    if size != "dev":
+        release = model_config_dict(size, model_type)
+        config["talker_config"] |= {k: release["talker_config"][k] for k in _TALKER_DIM_KEYS}
+        config["speaker_encoder_config"] = release["speaker_encoder_config"]
+        config["tts_model_size"] = size
+    return config
+
+
+def _tiny_model_config(model_type: str) -> dict[str, Any]:
     ids = _special_ids()
     talker = talker_config_dict("1b7", model_type) | {
         "hidden_size": 64,
@@ -101,7 +132,14 @@ def dev_model_config(model_type: str) -> dict[str, Any]:
     return config
 
 
-def dev_speech_tokenizer_config() -> dict[str, Any]:
+def dev_speech_tokenizer_config(size: str = "dev") -> dict[str, Any]:
+    """``speech_tokenizer/config.json`` of the dev checkpoint (the release one for 0b6 / 1b7)."""
+    if size != "dev":
+        return speech_tokenizer_config_dict()
+    return _tiny_speech_tokenizer_config()
+
+
+def _tiny_speech_tokenizer_config() -> dict[str, Any]:
     """``speech_tokenizer/config.json``: the real 1920x upsampling chain at small widths."""
     encoder = encoder_config_dict() | {
         "hidden_size": 32,
@@ -162,17 +200,22 @@ def _decoder_state(config: SpeechTokenizerConfig) -> dict[str, torch.Tensor]:
 
 
 def make_dev_model(
-    path: str | Path, model_type: str = "custom_voice", seed: int = 1234, if_missing: bool = False
+    path: str | Path,
+    model_type: str = "custom_voice",
+    seed: int = 1234,
+    if_missing: bool = False,
+    size: str = "dev",
 ) -> Path:
     """Write the dev checkpoint to ``path`` (created); returns the path.
 
     ``if_missing``: leave an existing checkpoint (a ``config.json`` in ``path``) untouched.
+    ``size``: ``dev`` (tiny) or ``0b6`` / ``1b7`` (released dimensions, random weights; a few GB).
     """
     root = Path(path)
     if if_missing and (root / "config.json").is_file():
         return root
-    model_cfg_dict = dev_model_config(model_type)
-    st_cfg_dict = dev_speech_tokenizer_config()
+    model_cfg_dict = dev_model_config(model_type, size)
+    st_cfg_dict = dev_speech_tokenizer_config(size)
     model_cfg = Qwen3TTSConfig.from_dict(model_cfg_dict)
     st_cfg = SpeechTokenizerConfig.from_dict(st_cfg_dict)
     tmp = root.with_name(root.name + ".partial")
@@ -203,7 +246,7 @@ def make_dev_model(
         shutil.copy(ASSETS / name, tmp / name)
     shutil.copy(ASSETS / "preprocessor_config.json", tmp / "speech_tokenizer" / "preprocessor_config.json")
     (tmp / "dev_model.json").write_text(
-        json.dumps({"type": model_type, "seed": seed, "random": True}, indent=2)
+        json.dumps({"type": model_type, "seed": seed, "random": True, "size": size}, indent=2)
     )
     if root.exists():
         shutil.rmtree(root)

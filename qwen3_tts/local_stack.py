@@ -9,11 +9,30 @@ import socket
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+SHARED_HOST_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
+"""Environment defaults of every child: the model stages share this host's cores, each with all of
+them (torch's default thread count), so that a lone stream's talker or decoder work uses the whole
+machine. OpenMP workers then wait passively (sleep at once instead of spinning for a while after
+each parallel region), so a stage that is between kernels leaves its cores to the stages that are
+working instead of spinning on them. Variables already set in the environment win (compare
+``OMP_WAIT_POLICY=ACTIVE qwen3-tts up``). See deploy/OPERATIONS.md, "CPU hosts"."""
+
+
+def stage_environment(base: Mapping[str, str]) -> dict[str, str]:
+    """The environment of the stack's children: ``base`` plus :data:`SHARED_HOST_ENV` where
+    ``base`` leaves those variables unset."""
+    env = dict(base)
+    for key, value in SHARED_HOST_ENV.items():
+        if not env.get(key):
+            env[key] = value
+    return env
 
 
 @dataclass
@@ -80,10 +99,9 @@ def stage_commands(
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     py = [sys.executable, "-m"]
+    # No --threads: each stage gets all cores, sharing them through passive OpenMP waiting
+    # (SHARED_HOST_ENV).
     dev = ["--device", device] if device else []
-    if device in (None, "cpu"):
-        # The model stages share this host's cores: one torch thread each avoids oversubscription.
-        dev += ["--threads", "1"]
     ports = {("talker", 0): base_port, ("decoder", 0): base_port + 1, ("speaker", 0): base_port + 2}
     for k in range(1, replicas):
         ports[("talker", k)] = base_port + 2 * k + 1
@@ -264,7 +282,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
         replicas,
         http_port=args.http_port,
     )
-    env = os.environ.copy()
+    env = stage_environment(os.environ)
     stop = StopRequest()
     started: dict[str, float] = {}
     try:

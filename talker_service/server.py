@@ -13,6 +13,7 @@ before ``EndText``) with FAILED_PRECONDITION.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -25,13 +26,17 @@ from tts_common.codes import codes_to_proto
 from tts_common.compute_thread import run_in_fresh_thread
 from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
+from tts_common.onednn_linear import use_onednn_linears
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.precision import use_onednn_linears_for
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 from tts_common.text.tokenizer import read_tokenizer_files
 
+from .config import batch_buckets_for
 from .engine import DoneEvent, EngineConfig, EngineEvent, FinishReason, FrameEvent, TalkerEngine
+from .engine.kv_memory import plan_kv_cache
 from .engine.request import EngineRequest
 from .engine.text_feed import TextFeed
 from .model.loader import TalkerModel
@@ -65,9 +70,24 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         dtype = getattr(torch, self.engine_config.dtype)
 
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine, dict[str, bytes]]:
-            model = TalkerModel.from_checkpoint(self.model_dir, self.engine_config.device, dtype)
+            model = TalkerModel.from_checkpoint(
+                self.model_dir, self.engine_config.device, dtype, onednn_linears=False
+            )
+            # Sized after the weights are loaded: a fractional --kv-memory is of what is left.
+            plan = plan_kv_cache(model.talker.cfg, self.engine_config, dtype)
+            logger.info("%s", plan.describe())
+            config = self.engine_config
+            packed = use_onednn_linears_for(config.linear, config.device, dtype, plan.slots)
+            if packed:
+                use_onednn_linears(model.talker)
+            logger.info(
+                "linear kernels: %s (--linear %s)", "oneDNN packed" if packed else "torch", config.linear
+            )
+            self.engine_config = dataclasses.replace(
+                self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
+            )
             files = read_tokenizer_files(model.config.path)  # the files its tokenizer was built from
-            return model, TalkerEngine(model, self.engine_config), files  # the engine allocates the KV cache
+            return model, TalkerEngine(model, self.engine_config), files  # allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).

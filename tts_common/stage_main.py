@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
@@ -14,6 +16,7 @@ import grpc
 
 from .flags import config_from_args, flag
 from .logging_setup import setup_logging
+from .precision import DTYPE_CHOICES, resolve_dtype
 from .serving.config import ProcessFlags
 from .serving.lifecycle import serve
 from .serving.names import service_name
@@ -40,8 +43,10 @@ class StageModelConfig:
     device: str = field(default_factory=default_device)
     """Torch device (default cuda when available, else cpu)."""
 
-    dtype: str = field(default="float32", metadata=flag(choices=("float32", "bfloat16")))
-    """Activation/weight dtype."""
+    dtype: str = field(default="float32", metadata=flag(choices=DTYPE_CHOICES))
+    """Weight/activation dtype; auto = bfloat16 where the device multiplies it natively (CUDA with
+    bf16 support, CPUs with AVX512-BF16/AMX), else float32 (tts_common/precision.py). float32
+    keeps parity with the official implementation."""
 
     threads: int = 0
     """CPU threads for torch (0 = torch's default); set it when several stages share a CPU
@@ -69,6 +74,16 @@ class StageServicer(Protocol):
         """Load the model (health turns SERVING once this returns)."""
 
 
+def resolve_model_config(model: StageModelConfig) -> StageModelConfig:
+    """``model`` with ``--dtype auto`` replaced by the dtype it means on ``model.device``
+    (:func:`tts_common.precision.resolve_dtype`), logged; other dtypes unchanged."""
+    if model.dtype != "auto":
+        return model
+    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device))
+    logging.getLogger(__name__).info("--dtype auto on %s: %s", resolved.device, resolved.dtype)
+    return resolved
+
+
 def run_stage_process(
     *,
     flags: ProcessFlags,
@@ -91,6 +106,7 @@ def run_stage_process(
     if not model.model:
         parser.error("--model (or QWEN3TTS_MODEL) is required")
     setup_logging(config.log_level, stage=flags.stage)
+    model = resolve_model_config(model)
     if model.threads > 0:
         import torch
 

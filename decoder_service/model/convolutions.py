@@ -110,7 +110,12 @@ class CausalConvTranspose1d(Stateful):
 
 
 class SnakeBeta(nn.Module):
-    """``x + 1/(exp(beta) + 1e-9) * sin(x * exp(alpha))^2`` per channel (log-scale parameters)."""
+    """``x + 1/(exp(beta) + 1e-9) * sin(x * exp(alpha))^2`` per channel (log-scale parameters).
+
+    Always computed in float32 (parameters kept float32 by the loader, reduced-precision inputs
+    widened and the result rounded back): in half precision ``exp(beta)`` overflows and ``1e-9``
+    vanishes, and in bfloat16 ``sin`` of a large ``x * exp(alpha)`` loses its phase.
+    """
 
     def __init__(self, channels: int) -> None:
         super().__init__()
@@ -119,9 +124,15 @@ class SnakeBeta(nn.Module):
         self._cache = DerivedCache()
 
     def _coefficients(self) -> Tensor:
-        return torch.stack([torch.exp(self.alpha), 1.0 / (torch.exp(self.beta) + 1e-9)])[:, None, :, None]
+        alpha, beta = self.alpha.float(), self.beta.float()
+        return torch.stack([torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)])[:, None, :, None]
 
     def forward(self, x: Tensor) -> Tensor:
+        if x.dtype != torch.float32:
+            return self._forward_f32(x.float()).to(x.dtype)
+        return self._forward_f32(x)
+
+    def _forward_f32(self, x: Tensor) -> Tensor:
         # tiny per-channel ops cost a thread-pool round trip each: computed once per weight load
         alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
         if torch.is_grad_enabled():

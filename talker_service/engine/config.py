@@ -6,6 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tts_common.flags import NOT_A_FLAG, flag
+from tts_common.memory import MemoryBudget, parse_memory_budget
+from tts_common.precision import LINEAR_CHOICES
 from tts_common.synthesis import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 
 
@@ -14,7 +16,7 @@ class EngineConfig:
     """How many requests the talker engine runs at once and how it schedules them."""
 
     max_slots: int = 16
-    """Requests decoded concurrently (static KV slots preallocated for each)."""
+    """Most requests decoded concurrently (one KV slot each; fewer when --kv-memory holds fewer)."""
     max_seq_len: int = DEFAULT_SLOT_POSITIONS
     """Talker KV positions per slot: prompt length plus frame budget must fit."""
     max_waiting: int = 64
@@ -38,6 +40,15 @@ class EngineConfig:
     this many steps, ~1 MiB per slot at 8 for the released vocabularies)."""
     runaway_guard: RunawayGuard = field(default=RUNAWAY_GUARD, metadata=NOT_A_FLAG)
     """Frame budget of requests that leave max_new_tokens unset (capped to what fits a slot)."""
+    kv_memory: MemoryBudget = field(
+        default=MemoryBudget(fraction=0.5), metadata=flag(parse=parse_memory_budget)
+    )
+    """Memory the talker KV cache may take with every slot full: a fraction of the memory
+    available after loading the weights (RAM on CPU, free GPU memory on CUDA), or a size such as
+    4GiB; the slot count is what fits, at most --max-slots (see engine/kv_memory.py)."""
+    linear: str = field(default="auto", metadata=flag(choices=LINEAR_CHOICES))
+    """CPU float32 linear kernels: onednn (pre-packed), torch, or auto = oneDNN unless the CPU has
+    AMX and fewer than 8 slots run (tts_common/precision.py)."""
     device: str = field(default="cpu", metadata=NOT_A_FLAG)
     dtype: str = field(default="float32", metadata=NOT_A_FLAG)
 

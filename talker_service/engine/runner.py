@@ -24,9 +24,10 @@ import torch
 
 from ..model.sampling import RequestNoise, SamplingTensors, split_step_noise, step_noise_width
 from ..model.step import StepOutput, decode_step, prefill
-from ..model.talker import KVCache, Talker
+from ..model.talker import Talker
 from .config import EngineConfig
 from .cuda_graphs import GraphStep, graph_mode
+from .kv_memory import allocate_kv_cache
 from .request import EngineRequest
 from .slot_table import allocate_table, move_row, scatter_state
 
@@ -39,7 +40,8 @@ class TalkerRunner:
         self.config = config
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
-        self.cache = KVCache.allocate(
+        # Lazily committed on CPU: positions no request reaches cost no memory (kv_memory.py).
+        self.cache = allocate_kv_cache(
             talker.cfg, config.max_slots, config.max_seq_len, self.device, self.dtype
         )
         self.table = allocate_table(talker, config.max_slots, self.device, self.dtype)

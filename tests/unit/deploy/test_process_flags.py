@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from tests.helpers.compose import process_flags
+from tts_common.memory import MemoryBudget
 from tts_common.stage_main import default_device
 
 SERVER = {
@@ -70,6 +71,8 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-seq-len": 2048,
         "--max-waiting": 64,
         "--no-cuda-graphs": True,
+        "--kv-memory": MemoryBudget(fraction=0.5),
+        "--linear": "auto",
     },
     "decoder": {**MODEL, "--max-streams": 64},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
@@ -121,6 +124,8 @@ def test_environment_variables(stage: str) -> None:
         "--voice-alias": "alloy=vivian",
         "--no-silence-stop": "1",
         "--silence-threshold-dbfs": "-30",
+        "--kv-memory": "7GiB",
+        "--linear": "torch",
     }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()

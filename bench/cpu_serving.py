@@ -1,0 +1,375 @@
+"""CPU serving, in one run: our stack vs the offline in-process pipeline vs the official
+implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpoint.
+
+For every ``--dtypes`` entry (default ``float32,auto``; ``auto`` resolved as the stages resolve it):
+
+* offline: one request through ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and
+  decoder in this process): RTF, and the talker's ms per frame against the memory-bandwidth floor
+  of the dtype (weights one frame must stream: the talker once, the code predictor 15 times);
+* stack: the four processes of ``qwen3-tts up`` (same flags and environment: all cores per stage,
+  passive OpenMP waiting), stage dtype set through ``QWEN3TTS_DTYPE``; resident memory of each
+  process at idle and after load; one stream (RTF, time to first audio); then closed-loop
+  concurrency 1, 2, 4, ... (``--concurrency``): aggregate audio seconds per second and playback
+  underruns; the largest concurrency with zero underruns;
+* official: ``qwen_tts.Qwen3TTSModel`` on the same checkpoint, one request and a batch of 8
+  (skipped, with the reason, when not installed or when its call fails).
+
+The report starts with the machine: CPU model, the flags that matter (AVX2, AVX-512, BF16, AMX),
+cores, memory, and the measured copy bandwidth (a torch copy of a buffer far larger than the
+caches).
+
+    python bench/cpu_serving.py --size 0b6 --json bench/results/cpu_serving_0b6.json
+    python bench/cpu_serving.py --model .dev-model/custom_voice --concurrency 1,2 \\
+        --max-new-tokens 24 --requests-per-level 2           # a smoke run on the dev checkpoint
+
+``--size 0b6`` writes a random checkpoint at the released 0.6B dimensions (a few GB, once) under
+``--work-dir``. Traffic goes only to loopback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import gc
+import json
+import os
+import platform
+import random
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import grpc
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the load generator
+
+import load
+
+from qwen3_tts.dev_model import make_dev_model
+from qwen3_tts.local_stack import (
+    StageProcess,
+    stage_commands,
+    stage_environment,
+    stop_all,
+    wait_until_serving,
+)
+from qwen3_tts.offline import OfflineRequest, OfflineSynthesizer
+from tts_common.config import load_checkpoint_config
+from tts_common.memory import resident_bytes
+from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
+from tts_common.precision import cpu_flags, cpu_model, resolve_dtype
+
+SAMPLE_RATE = 24000
+FRAME_RATE = 12.5
+INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "bf16")
+TEXT = "The quick brown fox jumps over the lazy dog, and streaming speech should never stutter."
+OFFICIAL_BATCH = 8
+
+
+# ---------------------------------------------------------------------------------------------
+# The machine
+
+
+def memory_bandwidth(mib: int = 1024, repeat: int = 5) -> float:
+    """Best-of-``repeat`` copy bandwidth in GB/s (bytes read + written) of a ``mib`` MiB buffer."""
+    src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
+    dst = torch.empty_like(src)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        dst.copy_(src)
+        best = min(best, time.perf_counter() - t0)
+    return 2 * src.numel() * 4 / best / 1e9
+
+
+def machine_info(bandwidth_mib: int) -> dict[str, Any]:
+    flags = cpu_flags()
+    total = next(
+        (int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:")), 0
+    )
+    return {
+        "cpu_model": cpu_model(),
+        "cpu_flags": [f for f in INTERESTING_FLAGS if f in flags],
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "memory_gib": round(total / 2**30, 1),
+        "memory_bandwidth_gbs": round(memory_bandwidth(bandwidth_mib), 2),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+        "auto_dtype": resolve_dtype("auto", "cpu"),
+    }
+
+
+# ---------------------------------------------------------------------------------------------
+# Offline, in this process
+
+
+def frame_weight_bytes(synth: OfflineSynthesizer) -> int:
+    """Weight bytes one decode frame streams: the talker backbone and codec head once, the code
+    predictor's layers plus one head 15 times (embedding rows read are negligible)."""
+    talker = synth.talker.talker
+
+    def size(module: torch.nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+    backbone = size(talker.model.layers) + size(talker.model.norm) + size(talker.codec_head)
+    cp = talker.code_predictor
+    per_step = size(cp.model.layers) + size(cp.lm_head[0]) + size(cp.small_to_mtp_projection)
+    return backbone + (cp.num_groups - 1) * per_step
+
+
+def bench_offline(model: Path, dtype: str, speaker: str, max_new_tokens: int, bandwidth_gbs: float) -> dict:
+    synth = OfflineSynthesizer(model, "cpu", getattr(torch, dtype))
+    request = OfflineRequest(id="offline", text=TEXT, language="english", speaker=speaker)
+    sampling = tts_pb2.SamplingOptions(seed=1, max_new_tokens=max_new_tokens)
+    synth.synthesize([request], tts_pb2.SamplingOptions(seed=1, max_new_tokens=4))  # warm-up
+    t0 = time.perf_counter()
+    (result,) = synth.synthesize([request], sampling)
+    seconds = time.perf_counter() - t0
+    frames = len(result.codes)
+    weights = frame_weight_bytes(synth)
+    audio_s = len(result.wav) / SAMPLE_RATE
+    out = {
+        "frames": frames,
+        "seconds": round(seconds, 3),
+        "rtf": round(seconds / audio_s, 3) if audio_s else None,
+        "ms_per_frame_incl_decode": round(1000 * seconds / max(frames, 1), 1),
+        "frame_weight_bytes": weights,
+        "bandwidth_floor_ms_per_frame": round(1000 * weights / (bandwidth_gbs * 1e9), 1),
+    }
+    # The talker's share: the whole request minus decoding its codes again.
+    t0 = time.perf_counter()
+    synth.decoder.decode_utterances([torch.from_numpy(result.codes)])
+    decode_s = time.perf_counter() - t0
+    out["decode_seconds"] = round(decode_s, 3)
+    out["talker_ms_per_frame"] = round(1000 * (seconds - decode_s) / max(frames, 1), 1)
+    out["talker_vs_floor"] = round(
+        out["talker_ms_per_frame"] / max(out["bandwidth_floor_ms_per_frame"], 1e-9), 2
+    )
+    del synth
+    gc.collect()
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The stack
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@contextlib.contextmanager
+def running_stack(model: Path, dtype: str, max_slots: int, log_dir: Path):
+    """The four processes of ``qwen3-tts up`` on free loopback ports, SERVING; stopped on exit."""
+    ports = [free_port() for _ in range(4)]
+    stages = stage_commands(model, "127.0.0.1", ports[0], ports[1], "cpu", False)
+    for stage, port in zip(stages[:3], ports[1:]):
+        stage.port = port
+        stage.args[stage.args.index("--port") + 1] = str(port)
+    for flag, port in zip(["--talker-targets", "--decoder-targets", "--speaker-targets"], ports[1:]):
+        stages[3].args[stages[3].args.index(flag) + 1] = f"127.0.0.1:{port}"
+    env = stage_environment(os.environ) | {
+        "QWEN3TTS_DTYPE": dtype,
+        "QWEN3TTS_TALKER_MAX_SLOTS": str(max_slots),
+        "QWEN3TTS_GATEWAY_MAX_CONCURRENT_STREAMS": str(max(64, 2 * max_slots)),
+    }
+    log_dir.mkdir(parents=True, exist_ok=True)
+    import subprocess
+
+    try:
+        for stage in stages:
+            log = open(log_dir / f"{stage.name}-{dtype}.log", "w")
+            stage.process = subprocess.Popen(stage.args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        wait_until_serving(stages, timeout=1200)
+        yield stages
+    finally:
+        stop_all(stages, grace=20)
+
+
+def resident(stages: list[StageProcess]) -> dict[str, float]:
+    """Resident MiB per process."""
+    return {
+        s.name: round(resident_bytes(s.process.pid) / 2**20, 1)
+        for s in stages
+        if s.process is not None and s.process.poll() is None
+    }
+
+
+def load_args(gateway: str, speaker: str, max_new_tokens: int, concurrency: int, requests: int):
+    return argparse.Namespace(
+        gateway=gateway,
+        mode="closed",
+        concurrency=concurrency,
+        requests=requests,
+        rate=1.0,
+        duration=0.0,
+        speaker=speaker,
+        voice_id=None,
+        language="english",
+        max_new_tokens=max_new_tokens,
+        deadline=1800.0,
+        metadata=(),
+        seed=concurrency,
+    )
+
+
+def run_load(args: argparse.Namespace) -> dict[str, Any]:
+    report, _ = asyncio.run(load.run(args))
+    return {
+        "concurrency": args.concurrency,
+        "requests": report.requests,
+        "by_status": report.by_status,
+        "rtf_mean": round(report.rtf_mean, 3),
+        "ttfa_ms": {k: round(v, 1) for k, v in report.ttfa_ms.items()},
+        "audio_seconds_per_second": round(report.audio_seconds_per_second, 3),
+        "underrun_requests": report.underrun_requests,
+        "underruns_total": report.underruns_total,
+    }
+
+
+async def _warm(gateway: str, speaker: str) -> None:
+    async with grpc.aio.insecure_channel(gateway) as channel:
+        stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        await load.one_request(stub, load_args(gateway, speaker, 4, 1, 1), random.Random(0))
+
+
+def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace) -> dict[str, Any]:
+    ladder = [int(c) for c in opts.concurrency.split(",")]
+    with running_stack(model, dtype, max(ladder), opts.work_dir / "logs") as stages:
+        gateway = stages[3].address
+        time.sleep(2.0)  # let start-up allocations settle before the idle figure
+        out: dict[str, Any] = {"resident_mib_idle": resident(stages)}
+        asyncio.run(_warm(gateway, speaker))
+        out["single_stream"] = run_load(
+            load_args(gateway, speaker, opts.max_new_tokens, 1, opts.single_requests)
+        )
+        levels = []
+        for c in ladder:
+            levels.append(
+                run_load(load_args(gateway, speaker, opts.max_new_tokens, c, c * opts.requests_per_level))
+            )
+            print(f"  [{dtype}] concurrency {c}: {levels[-1]}", flush=True)
+        out["levels"] = levels
+        realtime = [
+            lv["concurrency"]
+            for lv in levels
+            if lv["underrun_requests"] == 0 and lv["by_status"] == {"OK": lv["requests"]}
+        ]
+        out["max_realtime_concurrency"] = max(realtime, default=0)
+        out["resident_mib_after_load"] = resident(stages)
+        talker_log = (opts.work_dir / "logs" / f"talker-{dtype}.log").read_text(errors="replace")
+        for key, marker in (("kv_cache", "KV cache:"), ("linear_kernels", "linear kernels:")):
+            out[key] = next(
+                (ln.split(marker, 1)[1].strip() for ln in talker_log.splitlines() if marker in ln), None
+            )
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# The official implementation
+
+
+def bench_official(model: Path, dtype: str, speaker: str, max_new_tokens: int) -> dict[str, Any]:
+    """``qwen_tts`` on the same checkpoint (its public API: ``Qwen3TTSModel.from_pretrained`` and
+    ``generate_custom_voice``); any failure is reported, not raised."""
+    try:
+        from qwen_tts import Qwen3TTSModel  # type: ignore[import-not-found]
+    except ImportError as exc:
+        return {"skipped": f"qwen_tts not importable: {exc}"}
+    try:
+        tts = Qwen3TTSModel.from_pretrained(str(model), device_map="cpu", dtype=getattr(torch, dtype))
+        kwargs = {"language": "English", "speaker": speaker, "max_new_tokens": max_new_tokens}
+        out: dict[str, Any] = {}
+        for batch in (1, OFFICIAL_BATCH):
+            texts = [TEXT] * batch
+            t0 = time.perf_counter()
+            wavs, sr = tts.generate_custom_voice(text=texts if batch > 1 else TEXT, **kwargs)
+            seconds = time.perf_counter() - t0
+            audio_s = sum(len(w) for w in wavs) / sr
+            out[f"batch_{batch}"] = {
+                "seconds": round(seconds, 3),
+                "audio_seconds": round(audio_s, 3),
+                "audio_seconds_per_second": round(audio_s / seconds, 3),
+                "ms_per_frame_incl_decode": round(
+                    1000 * seconds / max(audio_s / batch * FRAME_RATE, 1e-9), 1
+                ),
+            }
+        return out
+    except Exception as exc:  # noqa: BLE001 - a third-party API: report whatever it raises
+        return {"failed": f"{type(exc).__name__}: {exc}"}
+
+
+# ---------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = ap.add_mutually_exclusive_group()
+    src.add_argument("--model", type=Path, help="a CustomVoice checkpoint directory")
+    src.add_argument(
+        "--size", choices=["dev", "0b6", "1b7"], default="0b6", help="random checkpoint at this size"
+    )
+    ap.add_argument("--work-dir", type=Path, default=Path(".bench-cpu-serving"))
+    ap.add_argument("--dtypes", default="float32,auto")
+    ap.add_argument("--speaker", default="ryan")
+    ap.add_argument("--max-new-tokens", type=int, default=121, help="frames per request + 1 (~10 s)")
+    ap.add_argument("--concurrency", default="1,2,4,8", help="closed-loop levels")
+    ap.add_argument("--requests-per-level", type=int, default=2, help="requests per stream at a level")
+    ap.add_argument("--single-requests", type=int, default=3)
+    ap.add_argument("--bandwidth-mib", type=int, default=1024)
+    ap.add_argument("--skip-official", action="store_true")
+    ap.add_argument("--json", type=Path)
+    opts = ap.parse_args()
+
+    model = opts.model
+    if model is None:
+        model = make_dev_model(
+            opts.work_dir / f"random_{opts.size}", "custom_voice", if_missing=True, size=opts.size
+        )
+    cfg = load_checkpoint_config(model)
+    report: dict[str, Any] = {
+        "machine": machine_info(opts.bandwidth_mib),
+        "checkpoint": {
+            "path": str(model),
+            "size": cfg.model.tts_model_size,
+            "type": cfg.model.tts_model_type,
+        },
+        "settings": {k: str(v) for k, v in vars(opts).items()},
+        "runs": {},
+    }
+    print(json.dumps(report["machine"], indent=2), flush=True)
+    measured: dict[str, str] = {}
+    for name in opts.dtypes.split(","):
+        dtype = resolve_dtype(name, "cpu")
+        print(f"== --dtype {name} ({dtype})", flush=True)
+        if dtype in measured:  # e.g. auto on a CPU without native bfloat16: float32 again
+            report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype]}
+            continue
+        measured[dtype] = name
+        run: dict[str, Any] = {"dtype": dtype}
+        run["offline"] = bench_offline(
+            model, dtype, opts.speaker, opts.max_new_tokens, report["machine"]["memory_bandwidth_gbs"]
+        )
+        print(f"  offline: {run['offline']}", flush=True)
+        run["stack"] = bench_stack(model, dtype, opts.speaker, opts)
+        single = run["stack"]["single_stream"]
+        if single["rtf_mean"] and run["offline"]["rtf"]:
+            run["stack_over_offline_rtf"] = round(single["rtf_mean"] / run["offline"]["rtf"], 2)
+        if not opts.skip_official and dtype == "float32":
+            run["official"] = bench_official(model, dtype, opts.speaker, opts.max_new_tokens)
+        report["runs"][name] = run
+        print(json.dumps(run, indent=2), flush=True)
+    if opts.json:
+        opts.json.parent.mkdir(parents=True, exist_ok=True)
+        opts.json.write_text(json.dumps(report, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()
