@@ -33,9 +33,8 @@ def test_local_stack_children_wait_passively_unless_told_otherwise() -> None:
 
 def test_local_stack_starts_children_with_that_environment(monkeypatch: pytest.MonkeyPatch) -> None:
     """run_local_stack hands stage_environment(os.environ) to every child it starts."""
-    import argparse
-
     from qwen3_tts import local_stack
+    from qwen3_tts.cli import build_parser
 
     seen: list[dict[str, str]] = []
 
@@ -53,9 +52,7 @@ def test_local_stack_starts_children_with_that_environment(monkeypatch: pytest.M
     monkeypatch.setattr(local_stack.subprocess, "Popen", fake_popen)
     monkeypatch.setattr(local_stack, "StopRequest", NoSignals)
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
-    ns = argparse.Namespace(
-        model=Path("/models/x"), host="127.0.0.1", port=50051, base_port=50052, device="cpu", metrics=False
-    )
+    ns = build_parser().parse_args(["up", "--model", "/models/x", "--device", "cpu"])
     with pytest.raises(RefusedError):
         local_stack.run_local_stack(ns)
     assert seen and seen[0]["OMP_WAIT_POLICY"] == "PASSIVE"
