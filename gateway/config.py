@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import math
 import os
 from dataclasses import dataclass, field
 from typing import Any
@@ -22,10 +23,13 @@ from tts_common.flags import (
     config_from_args,
     flag,
     non_negative_float,
+    non_negative_int,
     positive_float,
     positive_int,
 )
 from tts_common.serving.config import ProcessFlags
+from tts_common.silence import SilenceStop
+from tts_common.synthesis.validation import RequestLimits
 
 STAGE = "gateway"
 DEFAULT_PORT = 50051
@@ -33,6 +37,18 @@ DEFAULT_HTTP_PORT = 8000
 
 _POSITIVE_INT = flag(parse=positive_int)
 _POSITIVE_FLOAT = flag(parse=positive_float)
+_NON_NEGATIVE_INT = flag(parse=non_negative_int)
+
+
+def dbfs_level(text: str) -> float:
+    """A level in dBFS: a finite ``float`` < 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if not (math.isfinite(value) and value < 0):
+        raise argparse.ArgumentTypeError(f"must be a level below 0 dBFS, got {text}")
+    return value
 
 
 def port_number(text: str) -> int:
@@ -80,8 +96,13 @@ class GatewayConfig:
     max_concurrent_streams: int = field(default=64, metadata=_POSITIVE_INT)
     """Synthesize streams served at once; further ones fail at once with RESOURCE_EXHAUSTED."""
 
-    max_text_chars: int = field(default=2000, metadata=_POSITIVE_INT)
-    """Longest accepted ``text`` (and ``instruct`` / ``ref_text``), in characters."""
+    max_text_chars: int = field(default=RequestLimits.max_text_chars, metadata=_POSITIVE_INT)
+    """Longest accepted ``text``, in characters (100,000: a long chapter). A text too long for one
+    talker request is spoken as consecutive segments in one stream."""
+
+    max_instruct_chars: int = field(default=RequestLimits.max_instruct_chars, metadata=_POSITIVE_INT)
+    """Longest accepted ``instruct`` and voice-clone ``ref_text``, in characters (they are part of
+    the prompt of every segment)."""
 
     max_ref_audio_seconds: float = field(default=60.0, metadata=_POSITIVE_FLOAT)
     """Longest accepted reference recording (voice cloning), seconds."""
@@ -143,6 +164,31 @@ class GatewayConfig:
     """HTTP ``voice`` aliases for clients that only offer OpenAI's voice names: ``ALIAS=VOICE``
     pairs (e.g. ``alloy=vivian,echo=voice-0123``), VOICE a preset speaker or a registered
     voice id."""
+    segment_tokens: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    """Largest segment of a long text, in text tokens (the talker's tokenizer counts them); 0 =
+    the largest whose runaway-guard frame budget fits a talker slot beside its prompt (173 tokens
+    with 2048-position slots and no instruct or reference: no segment is ever cut short by the
+    slot; tts_common.synthesis.segments). Larger values are capped to that. Smaller segments
+    bring each segment's first audio sooner but more prosody breaks."""
+
+    segment_lookahead: int = field(default=1, metadata=_NON_NEGATIVE_INT)
+    """Segments of a long text generated ahead of the one being streamed: the next segment takes a
+    talker slot as soon as the current one has produced audio, so it is ready when the current one
+    ends (no gap). 0: one segment at a time (a gap of one segment's time to first audio at every
+    cut)."""
+
+    silence_stop: bool = field(default=True, metadata=flag(name="--no-silence-stop", negate=True))
+    """The silence stop: end an utterance whose audio, after speech, stays below
+    ``silence_threshold_dbfs`` for ``silence_stop_seconds`` (finish reason SILENCE, counted in
+    qwen3tts_utterances_total); a request's ``silence_stop`` field overrides it."""
+
+    silence_threshold_dbfs: float = field(default=SilenceStop.threshold_dbfs, metadata=flag(parse=dbfs_level))
+    """Level (RMS of one 80 ms codec frame, dB relative to full scale) below which audio counts
+    as silence for the silence stop."""
+
+    silence_stop_seconds: float = field(default=SilenceStop.seconds, metadata=_POSITIVE_FLOAT)
+    """Silence after speech, in seconds, that ends an utterance (silence stop); longer than any
+    natural pause."""
 
     channel_options: tuple[tuple[str, Any], ...] = field(default=(), metadata=NOT_A_FLAG)
     """Extra gRPC channel options for the stage channels (tests, tuning)."""

@@ -3,11 +3,14 @@ model-info request does, for the gRPC servicer (:mod:`gateway.server`) and any o
 
 ``synthesize``: admission (at most ``max_concurrent_streams`` streams, else RESOURCE_EXHAUSTED at
 once) -> the shared validator against the talker's model info -> voice resolution (registered
-voice, or the speaker stage for an inline clone) -> ``Talker.Generate`` piped into
-``Decoder.Decode`` (:mod:`gateway.pipeline`) -> PCM encoded as requested
-(:mod:`gateway.audio_stream`). It yields ``SynthesizeResponse`` messages: one metadata, audio
-chunks, one summary. Closing the iterator (client gone, deadline) cancels both stage calls; a stage
-failing mid-stream raises a StageError naming the stage.
+voice, or the speaker stage for an inline clone) -> the text cut into segments
+(``tts_common.synthesis.segments``; one for a text that fits a talker request) -> the segments as
+consecutive utterances (:mod:`gateway.utterances`, each ``Talker.Generate`` piped into
+``Decoder.Decode`` by :mod:`gateway.pipeline`, the next one generating while the current one
+streams) -> PCM encoded as requested (:mod:`gateway.audio_stream`). It yields
+``SynthesizeResponse`` messages: one metadata, audio chunks, one summary. Closing the iterator
+(client gone, deadline) cancels every stage call; a stage failing mid-stream raises a StageError
+naming the stage.
 """
 
 from __future__ import annotations
@@ -20,30 +23,50 @@ from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any
 
 import grpc
-import numpy as np
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tts_common import metrics
 from tts_common.errors import CapacityError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 from tts_common.serving.server import channel_options
+from tts_common.silence import SilenceStop
+from tts_common.synthesis import DEFAULT_SLOT_POSITIONS
+from tts_common.synthesis.segments import (
+    SegmentPlan,
+    plan_segments,
+    prompt_overhead,
+    segment_request_id,
+    segment_size,
+)
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
     RequestLimits,
+    SynthesisPlan,
     effective_model_info,
     plan_sampling_options,
     talker_request,
 )
 
-from .audio_stream import AudioStream
-from .cloning import VoiceResolver
+from .audio_stream import AudioStream, OutputPlan
+from .cloning import ResolvedVoice, VoiceResolver
 from .config import STAGE, GatewayConfig
 from .encoding import AudioOutput
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
-from .pipeline import StageError, SynthesisPipeline
+from .pipeline import StageError
 from .routing import StageClient
+from .tokens import TalkerTokenCounter
+from .utterances import (
+    SequenceSettings,
+    UtteranceAudio,
+    UtteranceDone,
+    UtterancePlan,
+    UtteranceSequence,
+    UtteranceStarted,
+    overall_finish_reason,
+    plans_of,
+    segment_summaries,
+)
 from .validation import validate_register, validate_synthesize
 from .voices import StoredVoice, VoiceStore, new_voice_id
 
@@ -55,6 +78,12 @@ _RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
     ("grpc.min_reconnect_backoff_ms", 500),
     ("grpc.max_reconnect_backoff_ms", 5000),
 )
+
+NATIVE_FRAME_RATE = 12.5
+"""Codec frames per second of the 12 Hz checkpoints (when the talker reports none)."""
+INLINE_SEGMENTING_CHARS = 4000
+"""Texts up to this length are segmented on the event loop (well under a millisecond per
+thousand characters); longer ones in a worker thread."""
 
 TalkerClient = StageClient[stages_pb2_grpc.TalkerStub]
 DecoderClient = StageClient[stages_pb2_grpc.DecoderStub]
@@ -79,6 +108,7 @@ class SynthesisService:
         self.voices = voices or VoiceStore(config.voices_dir, config.max_voices)
         self.limits = RequestLimits(
             max_text_chars=config.max_text_chars,
+            max_instruct_chars=config.max_instruct_chars,
             max_ref_audio_seconds=config.max_ref_audio_seconds,
             max_ref_audio_bytes=config.max_ref_audio_bytes,
         )
@@ -88,6 +118,11 @@ class SynthesisService:
             refresh_timeout_seconds=min(REFRESH_TIMEOUT_S, config.stage_timeout_seconds),
         )
         self.voice_resolver = VoiceResolver(speaker, self.voices, self.limits, config.stage_timeout_seconds)
+        self.token_counter = TalkerTokenCounter(
+            talker,
+            timeout_seconds=config.stage_timeout_seconds,
+            retry_seconds=config.model_info_ttl_seconds,
+        )
         self.active_streams = 0
 
     @classmethod
@@ -116,6 +151,7 @@ class SynthesisService:
         reports NOT_SERVING meanwhile)."""
         await asyncio.to_thread(self.voices.load)
         info = await self.model_info.wait_until_available(self.config.startup_timeout_seconds)
+        await self.token_counter.load()
         model = info.model
         logger.info(
             "talker model: %s (%s %s), %d speakers, %d languages, instruct %s; speaker stage %s",
@@ -130,6 +166,7 @@ class SynthesisService:
 
     async def close(self) -> None:
         """Close every stage channel."""
+        await self.token_counter.close()
         for client in (self.talker, self.decoder, self.speaker):
             if client is not None:
                 await client.close()
@@ -247,68 +284,112 @@ class SynthesisService:
             self.config.default_first_chunk_frames,
             self.config.default_max_chunk_frames,
         )
-        output = AudioOutput(
-            out.encoding, out.sample_rate, info.sample_rate or NATIVE_SAMPLE_RATE, speed=speed
-        )
+        native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
+        output = AudioOutput(out.encoding, out.sample_rate, native_rate, speed=speed)
         voice = await self.voice_resolver.resolve(plan, request_id, time_remaining, talker_info)
+        segments = await self._segments(plan, voice, talker_info.max_seq_len)
+        if len(segments) > 1:
+            logger.info("text of %d characters spoken as %d segments", len(plan.text), len(segments))
+        sequence = UtteranceSequence(
+            self.talker, self.decoder, self._sequence_settings(plan, info), time_remaining=time_remaining
+        )
+        plans = (self._utterance_plan(segment, request_id, voice, out) for segment in segments)
+        stream = AudioStream(out, output, received)
+        try:
+            async with contextlib.aclosing(sequence.events(plans_of(plans))) as events:
+                async for event in events:
+                    if isinstance(event, UtteranceAudio):
+                        yield await stream.chunk(event.samples)
+                    elif isinstance(event, UtteranceStarted) and event.index == 0:
+                        yield tts_pb2.SynthesizeResponse(
+                            metadata=tts_pb2.SynthesisMetadata(
+                                request_id=request_id,
+                                sample_rate=out.sample_rate,
+                                encoding=out.encoding,
+                                model_type=info.model_type,
+                                model_size=info.model_size,
+                                model_name=info.model_name,
+                                language=plan.language,
+                                text_feeding=plan.text_feeding,
+                                sampling=plan_sampling_options(plan),
+                            )
+                        )
+            final = await stream.finish()
+            if final is not None:
+                yield final
+            yield tts_pb2.SynthesizeResponse(
+                summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
+            )
+        except StageError as exc:
+            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
+                self.model_info.invalidate()
+            raise
+
+    async def _segments(
+        self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
+    ) -> list[SegmentPlan]:
+        """The request's segments (one for a text that fits a talker request), packed by the
+        talker's token counts up to the segment size this request's prompt leaves room for."""
+        count = self.token_counter.counter()
+        ref_frames = voice.ref_codes.num_frames if voice.ref_codes is not None else 0
+        overhead = prompt_overhead(
+            count, instruct=plan.instruct, ref_text=voice.ref_text, ref_frames=ref_frames
+        )
+        size = segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, self.config.segment_tokens)
+        if len(plan.text) <= INLINE_SEGMENTING_CHARS:
+            return plan_segments(plan, size, count)
+        # Segmenting a chapter takes tens of milliseconds: off the event loop.
+        return await asyncio.to_thread(plan_segments, plan, size, count)
+
+    @staticmethod
+    def _utterance_plan(
+        segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
+    ) -> UtterancePlan:
+        """What the stages are sent for one segment."""
+        utterance_id = segment_request_id(request_id, segment.index)
         message = talker_request(
-            plan,
-            request_id,
+            segment.plan,
+            utterance_id,
             speaker_embedding=voice.speaker_embedding,
             ref_codes=voice.ref_codes,
             ref_text=voice.ref_text,
         )
         decode_start = stages_pb2.DecodeStart(
-            request_id=request_id,
+            request_id=utterance_id,
             first_chunk_frames=out.first_chunk_frames,
             max_chunk_frames=out.max_chunk_frames,
         )
         if voice.ref_codes is not None and voice.ref_codes.num_frames > 0:
             decode_start.prefix_codes.CopyFrom(voice.ref_codes)  # left context; its audio is not sent
-        with self.talker.lease() as talker, self.decoder.lease() as decoder:
-            pipeline = SynthesisPipeline(
-                talker.stub,
-                decoder.stub,
-                message,
-                decode_start,
-                timeout=time_remaining,
-                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
-                drain_timeout=self.config.stage_timeout_seconds,
-            )
-            try:
-                await pipeline.start()
-                yield tts_pb2.SynthesizeResponse(
-                    metadata=tts_pb2.SynthesisMetadata(
-                        request_id=request_id,
-                        sample_rate=out.sample_rate,
-                        encoding=out.encoding,
-                        model_type=info.model_type,
-                        model_size=info.model_size,
-                        model_name=info.model_name,
-                        language=plan.language,
-                        text_feeding=plan.text_feeding,
-                        sampling=plan_sampling_options(plan),
-                    )
-                )
-                stream = AudioStream(out, output, received)
-                async with contextlib.aclosing(pipeline.pcm_chunks()) as pcm_chunks:
-                    async for pcm in pcm_chunks:
-                        yield await stream.chunk(np.frombuffer(pcm.samples, dtype="<f4"))
-                final = await stream.finish()
-                if final is not None:
-                    yield final
-                done = pipeline.talker_done
-                assert done is not None  # DecodeDone only follows TalkerDone
-                if done.finish_reason not in (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH):
-                    raise StageError(
-                        "talker",
-                        grpc.StatusCode.UNAVAILABLE,
-                        f"generation ended early (finish_reason {tts_pb2.FinishReason.Name(done.finish_reason)})",
-                    )
-                yield tts_pb2.SynthesizeResponse(summary=stream.summary(done))
-            except StageError as exc:
-                if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                    self.model_info.invalidate()
-                raise
-            finally:
-                await pipeline.close()
+        return UtterancePlan(message, decode_start, text_start=segment.start, text_end=segment.end)
+
+    def _sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings:
+        """Lookahead, drain timeout and the silence stop (the request's switch over the server's)."""
+        config = self.config
+        on = config.silence_stop if plan.silence_stop is None else plan.silence_stop
+        rate = info.sample_rate or NATIVE_SAMPLE_RATE
+        return SequenceSettings(
+            lookahead=config.segment_lookahead,
+            drain_timeout=config.stage_timeout_seconds,
+            silence=SilenceStop(config.silence_threshold_dbfs, config.silence_stop_seconds) if on else None,
+            sample_rate=rate,
+            frame_samples=round(rate / (info.frame_rate or NATIVE_FRAME_RATE)),
+        )
+
+    @staticmethod
+    def _summary(
+        stream: AudioStream, results: list[UtteranceDone], output_ratio: float
+    ) -> tts_pb2.SynthesisSummary:
+        """The stream's totals over every segment."""
+        totals = stages_pb2.TalkerDone(
+            frames=sum(r.frames for r in results),
+            finish_reason=overall_finish_reason(results),
+            queue_ms=results[0].talker_done.queue_ms,
+        )
+        summary = stream.summary(totals)
+        summary.num_segments = len(results)
+        summary.length_segments.extend(
+            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
+        )
+        summary.segments.extend(segment_summaries(results, output_ratio, stream.num_samples))
+        return summary

@@ -12,6 +12,10 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # the heavy modules are imported by the commands that use them
+    from .offline import OfflineResult
 
 
 def _add_synthesize(sub: argparse._SubParsersAction) -> None:
@@ -19,6 +23,9 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--model", required=True, help="checkpoint directory (official layout)")
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--text")
+    src.add_argument(
+        "--text-file", type=Path, help="UTF-8 file with the text (a long text is spoken in segments)"
+    )
     src.add_argument("--requests", type=Path, help="JSONL file, one request per line (fixture format)")
     p.add_argument("--speaker")
     p.add_argument("--language", default="auto")
@@ -32,11 +39,25 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--greedy", action="store_true", help="greedy talker and code predictor")
     mode.add_argument("--seed", type=int, help="sampling seed (checkpoint sampling defaults)")
-    p.add_argument("--max-new-tokens", type=int, help="official meaning: M gives at most M-1 frames")
+    p.add_argument(
+        "--max-new-tokens", type=int, help="official meaning: M gives at most M-1 frames (per segment)"
+    )
+    p.add_argument(
+        "--segment-tokens",
+        type=int,
+        default=0,
+        help="largest segment of a long text in text tokens (default 0: what fits the talker's default "
+        "slot, as the gateway cuts it)",
+    )
+    p.add_argument(
+        "--no-silence-stop",
+        action="store_true",
+        help="keep audio that stays silent after speech (default: end a segment after 2 s of it, as the gateway)",
+    )
     p.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    p.add_argument("--out", type=Path, help="output WAV (with --text)")
-    p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text)")
+    p.add_argument("--out", type=Path, help="output WAV (with --text / --text-file)")
+    p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text / --text-file)")
     p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
     p.set_defaults(func=cmd_synthesize)
 
@@ -47,6 +68,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     import torch
 
     from tts_common.pb.qwen3tts.v1 import tts_pb2
+    from tts_common.silence import DEFAULT_SILENCE_STOP
 
     from .offline import OfflineRequest, OfflineSynthesizer, read_requests
 
@@ -56,13 +78,14 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         requests = read_requests(args.requests)
     else:
         if args.out is None:
-            raise ValueError("--text needs --out")
+            raise ValueError("--text and --text-file need --out")
         if args.ref_text and args.ref_audio is None:
             raise ValueError("--ref-text needs --ref-audio")
+        text = args.text if args.text_file is None else args.text_file.read_text(encoding="utf-8")
         requests = [
             OfflineRequest(
                 id="out",
-                text=args.text,
+                text=text,
                 language=args.language,
                 speaker=args.speaker,
                 instruct=args.instruct,
@@ -79,22 +102,40 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sampling.seed = args.seed
     if args.max_new_tokens is not None:
         sampling.max_new_tokens = args.max_new_tokens
+    if args.segment_tokens < 0:
+        raise ValueError(f"--segment-tokens must be >= 0, got {args.segment_tokens}")
     synth = OfflineSynthesizer(args.model, args.device, getattr(torch, args.dtype))
-    results = synth.synthesize(requests, sampling)
+    results = synth.synthesize(
+        requests,
+        sampling,
+        segment_tokens=args.segment_tokens,
+        silence=None if args.no_silence_stop else DEFAULT_SILENCE_STOP,
+    )
     if args.requests is not None:
         args.out_dir.mkdir(parents=True, exist_ok=True)
         for req, res in zip(requests, results):
             sf.write(args.out_dir / f"{req.id}.wav", res.wav, synth.sample_rate, subtype="FLOAT")
             np.save(args.out_dir / f"{req.id}.codes.npy", res.codes)
-            print(f"{req.id}: {res.codes.shape[0]} frames, {len(res.wav) / synth.sample_rate:.2f} s")
+            print(f"{req.id}: {_described(res, synth.sample_rate)}")
     else:
         res = results[0]
         args.out.parent.mkdir(parents=True, exist_ok=True)
         sf.write(args.out, res.wav, synth.sample_rate, subtype="FLOAT")
         if args.codes_out is not None:
             np.save(args.codes_out, res.codes)
-        print(f"{args.out}: {res.codes.shape[0]} frames, {len(res.wav) / synth.sample_rate:.2f} s")
+        print(f"{args.out}: {_described(res, synth.sample_rate)}")
     return 0
+
+
+def _described(result: OfflineResult, sample_rate: int) -> str:
+    """``"N frames, S s"``, with the segment count and any segment that did not end with EOS."""
+    text = f"{result.codes.shape[0]} frames, {len(result.wav) / sample_rate:.2f} s"
+    if len(result.segments) > 1:
+        text += f", {len(result.segments)} segments"
+    unusual = [
+        f"segment {i}: {s.finish_reason}" for i, s in enumerate(result.segments) if s.finish_reason != "EOS"
+    ]
+    return text + (f" ({'; '.join(unusual)})" if unusual else "")
 
 
 def _add_make_dev_model(sub: argparse._SubParsersAction) -> None:

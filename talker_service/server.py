@@ -26,6 +26,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
+from tts_common.text.tokenizer import read_tokenizer_files
 
 from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from .model.loader import TalkerModel
@@ -51,19 +52,22 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         self.model: TalkerModel | None = None
         self.engine: TalkerEngine | None = None
         self.info: stages_pb2.TalkerInfo | None = None
+        self.tokenizer_files: stages_pb2.TokenizerFiles | None = None
         self.total_requests = 0
 
     async def load(self) -> None:
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
         dtype = getattr(torch, self.engine_config.dtype)
 
-        def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
+        def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine, dict[str, bytes]]:
             model = TalkerModel.from_checkpoint(self.model_dir, self.engine_config.device, dtype)
-            return model, TalkerEngine(model, self.engine_config)  # allocates the KV cache
+            files = read_tokenizer_files(model.config.path)  # the files its tokenizer was built from
+            return model, TalkerEngine(model, self.engine_config), files  # the engine allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
-        self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
+        self.model, self.engine, files = await run_in_fresh_thread(load_model_and_engine)
+        self.tokenizer_files = stages_pb2.TokenizerFiles(files=files)
         self.info = talker_info(self.model, self.engine_config)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
@@ -193,3 +197,11 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     ) -> stages_pb2.TalkerInfo:
         _, _, info = self._require()
         return info
+
+    @handle_rpc_errors(stage="talker")
+    async def GetTokenizer(
+        self, request: stages_pb2.GetTokenizerRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.TokenizerFiles:
+        self._require()
+        assert self.tokenizer_files is not None  # set with the model
+        return self.tokenizer_files

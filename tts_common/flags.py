@@ -115,6 +115,14 @@ def positive_int(text: str) -> int:
     return value
 
 
+def non_negative_int(text: str) -> int:
+    """An ``int`` >= 0."""
+    value = _scalar(int)(text)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
 def positive_float(text: str) -> float:
     """A ``float`` > 0 (NaN refused)."""
     value = _scalar(float)(text)

@@ -129,6 +129,12 @@ AUDIO_SECONDS = Counter(
     "Seconds of audio produced.",
     ["stage"],
 )
+UTTERANCES = Counter(
+    PREFIX + "utterances_total",
+    "Utterances (talker requests; a long text has one per segment) whose audio was delivered, by "
+    "finish reason: EOS, LENGTH (hit the frame budget), SILENCE (ended by the silence stop).",
+    ["stage", "finish_reason"],
+)
 CACHE_LOOKUPS = Counter(
     PREFIX + "cache_lookups_total",
     "Cache lookups by result (hit | miss), e.g. the speaker stage's reference cache.",
@@ -153,6 +159,7 @@ _ALL = (
     WAITING_REQUESTS,
     GENERATED_FRAMES,
     AUDIO_SECONDS,
+    UTTERANCES,
     CACHE_LOOKUPS,
     READY,
 )
@@ -240,6 +247,7 @@ __all__ = [
     "STAGE_TALKER",
     "STEP_DURATION",
     "TIME_TO_FIRST_AUDIO",
+    "UTTERANCES",
     "WAITING_REQUESTS",
     "init_stage",
     "start_metrics_server",

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tts_common.flags import NOT_A_FLAG, flag
-from tts_common.synthesis import RUNAWAY_GUARD, RunawayGuard
+from tts_common.synthesis import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 
 
 @dataclass
@@ -15,7 +15,7 @@ class EngineConfig:
 
     max_slots: int = 16
     """Requests decoded concurrently (static KV slots preallocated for each)."""
-    max_seq_len: int = 2048
+    max_seq_len: int = DEFAULT_SLOT_POSITIONS
     """Talker KV positions per slot: prompt length plus frame budget must fit."""
     max_waiting: int = 64
     """Requests allowed to wait for a slot; more are refused (RESOURCE_EXHAUSTED)."""

@@ -9,11 +9,11 @@ import torch
 
 from tts_common.config import CheckpointConfig, load_checkpoint_config
 from tts_common.onednn_linear import use_onednn_linears
+from tts_common.text.tokenizer import TextTokenizer
 from tts_common.weights import load_module_weights
 
 from .prompt import PromptInputs, TalkerPrompt, build_prompt
 from .talker import KVCache, Talker
-from .tokenizer import TextTokenizer
 
 
 @dataclass

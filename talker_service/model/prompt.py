@@ -15,9 +15,9 @@ import torch
 
 from tts_common.config import Qwen3TTSConfig
 from tts_common.errors import InvalidRequestError
+from tts_common.text.tokenizer import ROLE_TOKENS, TAIL_TOKENS, TextTokenizer
 
 from .talker import Talker
-from .tokenizer import ROLE_TOKENS, TAIL_TOKENS, TextTokenizer
 
 
 @dataclass

@@ -4,7 +4,10 @@ gateway tests (their own sanity test: ``tests/unit/gateway/test_fakes.py``).
 The fakes are deterministic: the talker emits ``frames`` frames whose codes depend only on the
 frame index, the decoder turns each frame into 1920 samples of a tone whose amplitude depends on
 the frame's first code (:func:`expected_signal` gives the whole utterance), the speaker returns an
-x-vector derived from the audio bytes and 5 frames of reference codes.
+x-vector derived from the audio bytes and 5 frames of reference codes. The talker can serve a
+checkpoint's tokenizer files (``tokenizer_dir``), take a different frame count for given texts
+(``frames_by_text``) and counts its concurrent generations; the decoder can turn silent from a
+given frame on (``silent_from_frame``).
 
 Run as a script (``python tests/helpers/fake_stages.py talker MODEL_TYPE FRAMES DELAY
 [PORT]``) it serves a fake talker on loopback (a free port by default) and prints the port: the
@@ -114,10 +117,27 @@ def model_info(model_type: str) -> stages_pb2.TalkerInfo:
 class FakeTalker(stages_pb2_grpc.TalkerServicer):
     """Emits ``frames`` frames ``delay`` seconds apart; honours Cancel and call cancellation."""
 
-    def __init__(self, model_type: str = "custom_voice", frames: int = 6, delay: float = 0.005) -> None:
+    def __init__(
+        self,
+        model_type: str = "custom_voice",
+        frames: int = 6,
+        delay: float = 0.005,
+        tokenizer_dir: Path | None = None,
+    ) -> None:
         self.info = model_info(model_type)
         self.frames = frames
         self.delay = delay
+        self.tokenizer_dir = tokenizer_dir
+        """Serve this checkpoint's tokenizer files (GetTokenizer); None: UNIMPLEMENTED."""
+        self.frames_by_text: dict[str, int] = {}
+        """Frames for requests with these texts (instead of ``frames``)."""
+        self.active = 0
+        """Generations running now."""
+        self.max_active = 0
+        """Most generations that ran at once."""
+        self.started_at: list[float] = []
+        self.finished_at: list[float] = []
+        """loop.time() when each Generate call started / ended (in order of the events)."""
         self.requests: list[stages_pb2.TalkerRequest] = []
         self.cancel_messages = 0
         self.cancelled_calls = 0
@@ -136,6 +156,17 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
     ) -> stages_pb2.TalkerInfo:
         self.model_info_calls += 1
         return self.info
+
+    async def GetTokenizer(
+        self,
+        request: stages_pb2.GetTokenizerRequest,
+        context: grpc.aio.ServicerContext,
+    ) -> stages_pb2.TokenizerFiles:
+        if self.tokenizer_dir is None:
+            await context.abort(grpc.StatusCode.UNIMPLEMENTED, "fake talker has no tokenizer")
+        from tts_common.text.tokenizer import read_tokenizer_files
+
+        return stages_pb2.TokenizerFiles(files=read_tokenizer_files(self.tokenizer_dir))
 
     async def Generate(
         self,
@@ -167,10 +198,13 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
                     return
 
         watcher = asyncio.create_task(watch())
-        n, reason = self.frames, tts_pb2.FINISH_REASON_EOS
+        n, reason = self.frames_by_text.get(request.text, self.frames), tts_pb2.FINISH_REASON_EOS
         if request.sampling.HasField("max_new_tokens") and request.sampling.max_new_tokens - 1 < n:
             n, reason = request.sampling.max_new_tokens - 1, tts_pb2.FINISH_REASON_LENGTH
         self.started.set()
+        self.active += 1
+        self.max_active = max(self.max_active, self.active)
+        self.started_at.append(asyncio.get_running_loop().time())
         try:
             for f in range(n):
                 await asyncio.sleep(self.delay)
@@ -197,6 +231,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
             self.stopped.set()
             raise
         finally:
+            self.active -= 1
+            self.finished_at.append(asyncio.get_running_loop().time())
             watcher.cancel()
 
     async def GetStats(
@@ -217,6 +253,10 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
         self.chunk_frames: list[int] = []
         self.hang_at_end = False
         """Simulate a stuck decoder: never answer after DecodeEnd."""
+        self.silent_from_frame: int | None = None
+        """Output digital silence for every generated frame from this one on."""
+        self.first_pcm_at: list[float] = []
+        """loop.time() of each Decode call's first PCM chunk (in the order they were sent)."""
 
     async def Decode(
         self,
@@ -232,8 +272,15 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
         next_frame = 0
         out_frame = 0
 
+        def audio_of(frame: int, code0: int) -> np.ndarray:
+            if self.silent_from_frame is not None and frame >= self.silent_from_frame:
+                return np.zeros(SAMPLES_PER_FRAME, dtype=np.float32)
+            return frame_audio(frame, code0)
+
         def pcm(frames: list[tuple[int, int]]) -> stages_pb2.DecoderServerMessage:
-            audio = np.concatenate([frame_audio(f, c) for f, c in frames])
+            audio = np.concatenate([audio_of(f, c) for f, c in frames])
+            if frames[0][0] == 0:
+                self.first_pcm_at.append(asyncio.get_running_loop().time())
             self.chunk_frames.append(len(frames))
             return stages_pb2.DecoderServerMessage(
                 pcm=stages_pb2.PcmChunk(
@@ -337,6 +384,7 @@ class Harness:
         delay: float = 0.005,
         client_credentials: grpc.ChannelCredentials | None = None,
         http: bool = False,
+        tokenizer_dir: Path | None = None,
         **config: Any,
     ) -> None:
         """``http``: also serve the HTTP API (``http_url``) on a free loopback port."""
@@ -349,7 +397,7 @@ class Harness:
         self.model_type = model_type
         self.with_speaker = speaker
         self.talker_target = talker_target
-        self.talker = FakeTalker(model_type, frames, delay)
+        self.talker = FakeTalker(model_type, frames, delay, tokenizer_dir)
         self.decoder = FakeDecoder()
         self.speaker = FakeSpeaker()
         self.config_overrides = config

@@ -1,7 +1,14 @@
 """The synthesis request schema shared by every process: sampling parameters (one spelling, one
 defaults table), the frame budget, and the one validator (:mod:`.validation`)."""
 
-from .budget import MAX_NEW_TOKENS_CAP, RUNAWAY_GUARD, RunawayGuard, check_max_new_tokens, frame_budget
+from .budget import (
+    DEFAULT_SLOT_POSITIONS,
+    MAX_NEW_TOKENS_CAP,
+    RUNAWAY_GUARD,
+    RunawayGuard,
+    check_max_new_tokens,
+    frame_budget,
+)
 from .sampling import (
     BUILTIN_MAX_NEW_TOKENS,
     BUILTIN_SAMPLING,
@@ -16,6 +23,7 @@ from .validation import RequestLimits, SynthesisPlan, plan_synthesis
 __all__ = [
     "BUILTIN_MAX_NEW_TOKENS",
     "BUILTIN_SAMPLING",
+    "DEFAULT_SLOT_POSITIONS",
     "MAX_NEW_TOKENS_CAP",
     "RUNAWAY_GUARD",
     "SAMPLING_FIELDS",

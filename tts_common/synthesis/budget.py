@@ -15,6 +15,9 @@ from tts_common.errors import InvalidRequestError
 MAX_NEW_TOKENS_CAP = 32768
 """Cap on an explicit ``max_new_tokens`` when the talker reports no limit (~43 min of audio)."""
 
+DEFAULT_SLOT_POSITIONS = 2048
+"""The talker's default slot length (``--max-seq-len``): prompt plus frames of one request."""
+
 
 @dataclass(frozen=True)
 class RunawayGuard:
@@ -56,4 +59,11 @@ def frame_budget(
     return max(min(guard.frames(text_tokens), room), 0)
 
 
-__all__ = ["MAX_NEW_TOKENS_CAP", "RUNAWAY_GUARD", "RunawayGuard", "check_max_new_tokens", "frame_budget"]
+__all__ = [
+    "DEFAULT_SLOT_POSITIONS",
+    "MAX_NEW_TOKENS_CAP",
+    "RUNAWAY_GUARD",
+    "RunawayGuard",
+    "check_max_new_tokens",
+    "frame_budget",
+]

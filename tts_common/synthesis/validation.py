@@ -48,8 +48,10 @@ TEXT_FEEDINGS = (
 class RequestLimits:
     """Size limits of requests (server configuration)."""
 
-    max_text_chars: int = 2000
-    """Longest ``text`` (and ``instruct`` / ``ref_text``), in characters."""
+    max_text_chars: int = 100_000
+    """Longest ``text``, in characters (a long text is spoken as consecutive segments)."""
+    max_instruct_chars: int = 2000
+    """Longest ``instruct`` and ``ref_text``, in characters (part of every segment's prompt)."""
     max_ref_audio_seconds: float = 60.0
     """Longest reference recording (voice cloning)."""
     max_ref_audio_bytes: int = 32 * 1024 * 1024
@@ -75,6 +77,8 @@ class SynthesisPlan:
     """Every field set, the seed included."""
     max_new_tokens: int | None
     """The client's value, or None: the talker then applies its runaway guard."""
+    silence_stop: bool | None = None
+    """The client's silence-stop switch, or None: the server's setting."""
 
 
 def model_label(info: tts_pb2.ModelInfo) -> str:
@@ -83,14 +87,12 @@ def model_label(info: tts_pb2.ModelInfo) -> str:
     return " ".join(parts) or "unknown"
 
 
-def check_text(text: str, limits: RequestLimits, field: str = "text") -> str:
-    """Non-empty, not only whitespace, at most ``max_text_chars`` characters."""
+def check_text(text: str, max_chars: int, field: str = "text") -> str:
+    """Non-empty, not only whitespace, at most ``max_chars`` characters."""
     if not text.strip():
         raise InvalidRequestError(f"{field} is empty")
-    if len(text) > limits.max_text_chars:
-        raise InvalidRequestError(
-            f"{field} is too long: {len(text)} characters (maximum {limits.max_text_chars})"
-        )
+    if len(text) > max_chars:
+        raise InvalidRequestError(f"{field} is too long: {len(text)} characters (maximum {max_chars})")
     return text
 
 
@@ -156,7 +158,7 @@ def check_instruct(instruct: str, info: tts_pb2.ModelInfo, limits: RequestLimits
     if not instruct.strip():
         return ""
     check_instruct_supported(info)
-    return check_text(instruct, limits, "instruct")
+    return check_text(instruct, limits.max_instruct_chars, "instruct")
 
 
 def check_instruct_supported(info: tts_pb2.ModelInfo) -> None:
@@ -188,7 +190,7 @@ def check_clone(clone: tts_pb2.VoiceClone, limits: RequestLimits, field: str = "
             raise InvalidRequestError(
                 f"{field}.ref_text (the transcript of ref_audio) is required unless x_vector_only is set"
             )
-        check_text(clone.ref_text, limits, f"{field}.ref_text")
+        check_text(clone.ref_text, limits.max_instruct_chars, f"{field}.ref_text")
 
 
 def decode_reference(clone: tts_pb2.VoiceClone, limits: RequestLimits, field: str = "clone") -> np.ndarray:
@@ -254,7 +256,7 @@ def plan_synthesis(
 ) -> SynthesisPlan:
     """Check a request against the served model and resolve its defaults (reference audio is
     checked cheaply here and decoded by :func:`decode_reference`)."""
-    text = check_text(request.text, limits)
+    text = check_text(request.text, limits.max_text_chars)
     language = resolve_language(request.language, info)
     kind: VoiceKind = request.WhichOneof("voice") or "none"  # type: ignore[assignment]
     check_voice_kind(kind, info)
@@ -278,6 +280,7 @@ def plan_synthesis(
         text_feeding=text_feeding,
         sampling=sampling,
         max_new_tokens=max_new_tokens,
+        silence_stop=request.silence_stop if request.HasField("silence_stop") else None,
     )
 
 

@@ -107,6 +107,7 @@ def test_service_shapes() -> None:
         "Generate": (True, True, "TalkerClientMessage", "TalkerServerMessage"),
         "GetStats": (False, False, "GetStatsRequest", "StageStats"),
         "GetModelInfo": (False, False, "GetModelInfoRequest", "TalkerInfo"),
+        "GetTokenizer": (False, False, "GetTokenizerRequest", "TokenizerFiles"),
     }
     assert _methods(stages_pb2, "Decoder") == {
         "Decode": (True, True, "DecoderClientMessage", "DecoderServerMessage"),

@@ -29,7 +29,8 @@ OWN: dict[str, dict[str, Any]] = {
         "--decoder-targets": (),
         "--speaker-targets": (),
         "--max-concurrent-streams": 64,
-        "--max-text-chars": 2000,
+        "--max-text-chars": 100_000,
+        "--max-instruct-chars": 2000,
         "--max-ref-audio-seconds": 60.0,
         "--max-ref-audio-bytes": 32 * 1024 * 1024,
         "--voices-dir": None,
@@ -48,6 +49,11 @@ OWN: dict[str, dict[str, Any]] = {
         "--http-host": None,
         "--http-max-body-bytes": 1024 * 1024,
         "--voice-alias": (),
+        "--segment-tokens": 0,
+        "--segment-lookahead": 1,
+        "--no-silence-stop": True,
+        "--silence-threshold-dbfs": -45.0,
+        "--silence-stop-seconds": 2.0,
     },
     "talker": {
         **MODEL,
@@ -104,6 +110,8 @@ def test_environment_variables(stage: str) -> None:
         "--no-cuda-graphs": "1",
         "--log-level": "DEBUG",
         "--voice-alias": "alloy=vivian",
+        "--no-silence-stop": "1",
+        "--silence-threshold-dbfs": "-30",
     }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()

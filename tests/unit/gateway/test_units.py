@@ -31,7 +31,7 @@ def test_flags_env_and_defaults(tmp_path: object) -> None:
     assert config.talker_targets == ("a:1", "b:2")
     assert config.decoder_targets == ("dns:///dec:3",)
     assert config.speaker_targets == ()
-    assert (config.max_concurrent_streams, config.max_text_chars) == (64, 2000)
+    assert (config.max_concurrent_streams, config.max_text_chars) == (64, 100_000)
     assert config.max_ref_audio_seconds == 60.0 and config.voices_dir is None
     assert not config.api_keys and config.tls_cert is None
     env = {

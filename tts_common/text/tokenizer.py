@@ -1,5 +1,8 @@
 """Qwen2 byte-level BPE text tokenizer built from a checkpoint's slow-tokenizer files.
 
+Shared: the talker builds its prompts with it, the gateway counts text tokens with the same files
+(served by the talker, ``Talker.GetTokenizer``) to cut long texts into segments.
+
 The official package loads ``vocab.json`` + ``merges.txt`` + ``tokenizer_config.json`` through
 ``Qwen2TokenizerFast``; we build the equivalent ``tokenizers.Tokenizer`` directly (no
 ``transformers`` import): NFC normaliser, Qwen2 split regex (isolated) followed by ByteLevel
@@ -11,6 +14,7 @@ loading use it, not the "Mistral regex" patch).
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
 
 from tokenizers import AddedToken, Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
@@ -21,6 +25,13 @@ QWEN2_SPLIT_REGEX = (
 )
 
 
+SYNTHESIS_TEMPLATE = "<|im_start|>assistant\n{}<|im_end|>\n<|im_start|>assistant\n"
+"""The text to speak in the official chat template."""
+INSTRUCT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n"
+"""An instruction in the official chat template (prepended to the prompt)."""
+REF_TEMPLATE = "<|im_start|>assistant\n{}<|im_end|>\n"
+"""A voice-clone reference transcript in the official chat template."""
+
 ROLE_TOKENS = 3
 """Tokens of ``<|im_start|>assistant\\n`` in front of the text in :meth:`TextTokenizer.synthesis_ids`."""
 TAIL_TOKENS = 5
@@ -29,6 +40,16 @@ TAIL_TOKENS = 5
 
 class TokenizerError(ValueError):
     """The checkpoint's tokenizer files are missing or inconsistent."""
+
+
+TOKENIZER_FILES = ("vocab.json", "merges.txt", "tokenizer_config.json")
+"""The checkpoint files the tokenizer is built from (the last one optional)."""
+
+
+def read_tokenizer_files(path: str | Path) -> dict[str, bytes]:
+    """The contents of the :data:`TOKENIZER_FILES` present in checkpoint directory ``path``."""
+    root = Path(path)
+    return {name: (root / name).read_bytes() for name in TOKENIZER_FILES if (root / name).is_file()}
 
 
 class TextTokenizer:
@@ -41,30 +62,34 @@ class TextTokenizer:
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> TextTokenizer:
         """Build from ``vocab.json``, ``merges.txt`` and ``tokenizer_config.json`` of ``path``."""
-        root = Path(path)
-        vocab_file, merges_file, cfg_file = (
-            root / "vocab.json",
-            root / "merges.txt",
-            root / "tokenizer_config.json",
-        )
-        for f in (vocab_file, merges_file):
-            if not f.is_file():
-                raise TokenizerError(f"missing tokenizer file: {f}")
-        with open(vocab_file, encoding="utf-8") as fh:
-            vocab: dict[str, int] = json.load(fh)
+        return cls.from_files(read_tokenizer_files(path), source=str(path))
+
+    @classmethod
+    def from_files(cls, files: Mapping[str, bytes], source: str = "tokenizer files") -> TextTokenizer:
+        """Build from the contents of the files :data:`TOKENIZER_FILES` names (as
+        :func:`read_tokenizer_files` returns them, or as the talker serves them to the gateway);
+        ``tokenizer_config.json`` is optional. ``source`` names them in error messages."""
+        for name in ("vocab.json", "merges.txt"):
+            if name not in files:
+                raise TokenizerError(f"missing tokenizer file: {source}/{name}")
+        try:
+            vocab: dict[str, int] = json.loads(files["vocab.json"].decode("utf-8"))
+            cfg: dict = (
+                json.loads(files["tokenizer_config.json"].decode("utf-8"))
+                if "tokenizer_config.json" in files
+                else {}
+            )
+            merges_text = files["merges.txt"].decode("utf-8")
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise TokenizerError(f"unreadable tokenizer files in {source}: {exc}") from exc
         merges: list[tuple[str, str]] = []
-        with open(merges_file, encoding="utf-8") as fh:
-            for i, line in enumerate(fh):
-                line = line.rstrip("\n")
-                # The first line is the "#version" header; blank lines carry nothing.
-                if (i == 0 and line.startswith("#version")) or not line.strip():
-                    continue
-                a, _, b = line.partition(" ")
-                merges.append((a, b))
-        cfg: dict = {}
-        if cfg_file.is_file():
-            with open(cfg_file, encoding="utf-8") as fh:
-                cfg = json.load(fh)
+        for i, line in enumerate(merges_text.split("\n")):
+            # The first line is the "#version" header; blank lines carry nothing.
+            if (i == 0 and line.startswith("#version")) or not line.strip():
+                continue
+            a, _, b = line.partition(" ")
+            merges.append((a, b))
+        cfg_file = f"{source}/tokenizer_config.json"
 
         tok = Tokenizer(
             models.BPE(
@@ -115,6 +140,12 @@ class TextTokenizer:
         """Token ids of ``text`` (no BOS/EOS added; special-token strings map to their ids)."""
         return list(self._tok.encode(text, add_special_tokens=False).ids)
 
+    def count_tokens(self, text: str) -> int:
+        """Tokens of ``text``: the measure segments are packed by (a ``TokenCounter``). A text
+        placed in the synthesis template tokenizes the same (the template's special tokens and
+        line break stand apart in the split regex), so this is the talker's ``text_tokens``."""
+        return len(self._tok.encode(text, add_special_tokens=False).ids)
+
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Inverse of :meth:`encode` (for logs and debugging)."""
         return self._tok.decode(ids, skip_special_tokens=skip_special_tokens)
@@ -132,12 +163,12 @@ class TextTokenizer:
     def synthesis_ids(self, text: str) -> list[int]:
         """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``: the text's tokens
         with :data:`ROLE_TOKENS` in front and :data:`TAIL_TOKENS` behind."""
-        return self.encode(f"<|im_start|>assistant\n{text}<|im_end|>\n<|im_start|>assistant\n")
+        return self.encode(SYNTHESIS_TEMPLATE.format(text))
 
     def instruct_ids(self, instruct: str) -> list[int]:
         """``<|im_start|>user\\n{instruct}<|im_end|>\\n``."""
-        return self.encode(f"<|im_start|>user\n{instruct}<|im_end|>\n")
+        return self.encode(INSTRUCT_TEMPLATE.format(instruct))
 
     def ref_ids(self, ref_text: str) -> list[int]:
         """``<|im_start|>assistant\\n{ref_text}<|im_end|>\\n`` (ICL reference transcript)."""
-        return self.encode(f"<|im_start|>assistant\n{ref_text}<|im_end|>\n")
+        return self.encode(REF_TEMPLATE.format(ref_text))

@@ -1,0 +1,342 @@
+"""Several utterances in one response stream: consecutive talker requests (the segments of a long
+text; the sentences of streamed text input) spoken back to back, as one continuous audio stream.
+
+:class:`UtteranceSequence` takes utterance plans from an async iterable (all known at once for a
+long text, or arriving over time) and runs each as its own :class:`~gateway.pipeline.SynthesisPipeline`
+(``Talker.Generate`` piped into ``Decoder.Decode``), in a task of its own that drains the
+decoder's audio into a queue, so no stage call ever waits for the client. Its events come out
+strictly in order: every event of utterance k (started, audio..., done) before any of k + 1.
+
+Lookahead: utterance k + 1 starts (takes a talker slot) once utterance k has produced audio (or
+ended), with at most ``1 + lookahead`` utterances in flight (started and not yet delivered).
+Waiting for k's first audio keeps k's time to first audio what it is alone (k + 1's prefill does
+not run before k's first frames); once started, k + 1 generates while k is streamed, so its audio
+is there when k's ends, and one long request keeps the talker's batch busy.
+
+Silence stop: with a :class:`~tts_common.silence.SilenceStop`, each utterance's audio runs
+through a :class:`~tts_common.silence.SilenceDetector`; when it stops one, the audio ends at the
+stop and the utterance's pipeline is closed at once (``Cancel``: its talker slot is freed).
+
+Closing the event iterator (client gone, deadline) cancels every utterance task, and each closes
+its pipeline, so every talker slot held is freed. A failure (a stage error, or the plan iterable
+raising) is raised where it occurs in the order, after the audio of the utterances before it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from dataclasses import dataclass, field
+
+import grpc
+import numpy as np
+
+from tts_common import metrics
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
+from tts_common.silence import SilenceDetector, SilenceStop
+
+from .config import STAGE
+from .pipeline import StageError, SynthesisPipeline
+from .routing import StageClient
+
+logger = logging.getLogger(__name__)
+
+_SUCCESS = (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH)
+
+
+@dataclass(frozen=True)
+class UtterancePlan:
+    """What one utterance sends to the stages (its request id is the talker request's)."""
+
+    talker_request: stages_pb2.TalkerRequest
+    decode_start: stages_pb2.DecodeStart
+    text_start: int = 0
+    """Where the utterance's text lies in the request's text (for the summary)."""
+    text_end: int = 0
+
+
+@dataclass(frozen=True)
+class UtteranceStarted:
+    """Both stage calls of utterance ``index`` are open (the stages accepted it)."""
+
+    index: int
+
+
+@dataclass(frozen=True)
+class UtteranceAudio:
+    """The next PCM of utterance ``index``: float32 at the native rate."""
+
+    index: int
+    samples: np.ndarray
+
+
+@dataclass(frozen=True)
+class UtteranceDone:
+    """Utterance ``index`` is complete: all its audio came before this event."""
+
+    index: int
+    plan: UtterancePlan
+    start_sample: int
+    """Native-rate samples of the utterances before it (its position in the stream)."""
+    num_samples: int
+    """Its native-rate samples."""
+    frames: int
+    """Codec frames whose audio was delivered."""
+    finish_reason: int
+    """``tts_pb2.FinishReason``: EOS, LENGTH or SILENCE."""
+    talker_done: stages_pb2.TalkerDone
+    """The talker's final statistics (empty after a silence stop: the talker was cancelled)."""
+
+
+UtteranceEvent = UtteranceStarted | UtteranceAudio | UtteranceDone
+
+
+@dataclass(frozen=True)
+class SequenceSettings:
+    """How a sequence runs its utterances."""
+
+    lookahead: int = 1
+    """Utterances generated ahead of the one being delivered."""
+    drain_timeout: float = 30.0
+    """How long a decoder may stay silent once it has all frames (see SynthesisPipeline)."""
+    silence: SilenceStop | None = None
+    """The silence stop, or None for none."""
+    sample_rate: int = 24000
+    """Native sample rate of the decoder's PCM."""
+    frame_samples: int = 1920
+    """Native samples per codec frame."""
+
+
+@dataclass(eq=False)
+class _Utterance:
+    index: int
+    plan: UtterancePlan
+    events: asyncio.Queue[UtteranceEvent | BaseException] = field(default_factory=asyncio.Queue)
+    audible: asyncio.Event = field(default_factory=asyncio.Event)
+    """Set once the utterance has produced audio or ended (the next one may start)."""
+    task: asyncio.Task[None] | None = None
+
+
+class _End:
+    """No more utterances."""
+
+
+class UtteranceSequence:
+    """Runs utterance plans through the stages and yields their events in order (module doc)."""
+
+    def __init__(
+        self,
+        talker: StageClient[stages_pb2_grpc.TalkerStub],
+        decoder: StageClient[stages_pb2_grpc.DecoderStub],
+        settings: SequenceSettings,
+        *,
+        time_remaining: float | None = None,
+    ) -> None:
+        """``time_remaining``: the client's deadline, in seconds from now (None: none)."""
+        self._talker = talker
+        self._decoder = decoder
+        self._settings = settings
+        self._deadline = None if time_remaining is None else time.monotonic() + time_remaining
+        self._utterances: list[_Utterance] = []
+        self.results: list[UtteranceDone] = []
+        """Every delivered utterance's :class:`UtteranceDone`, in order."""
+
+    async def events(self, plans: AsyncIterable[UtterancePlan]) -> AsyncIterator[UtteranceEvent]:
+        """Run ``plans`` and yield their events in order; close the iterator to stop everything."""
+        queue: asyncio.Queue[_Utterance | _End | BaseException] = asyncio.Queue()
+        window = asyncio.Semaphore(1 + self._settings.lookahead)
+        producer = asyncio.create_task(self._start_utterances(plans, queue, window), name="utterances")
+        position = 0
+        try:
+            while True:
+                item = await queue.get()
+                if isinstance(item, _End):
+                    return
+                if isinstance(item, BaseException):
+                    raise item
+                while True:
+                    event = await item.events.get()
+                    if isinstance(event, BaseException):
+                        raise event
+                    if isinstance(event, UtteranceDone):
+                        event = dataclasses.replace(event, start_sample=position)
+                        position += event.num_samples
+                        self.results.append(event)
+                        reason = tts_pb2.FinishReason.Name(event.finish_reason).removeprefix("FINISH_REASON_")
+                        metrics.UTTERANCES.labels(stage=STAGE, finish_reason=reason).inc()
+                        yield event
+                        break
+                    yield event
+                window.release()
+        finally:
+            producer.cancel()
+            tasks = [producer, *(u.task for u in self._utterances if u.task is not None)]
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _start_utterances(
+        self,
+        plans: AsyncIterable[UtterancePlan],
+        queue: asyncio.Queue[_Utterance | _End | BaseException],
+        window: asyncio.Semaphore,
+    ) -> None:
+        """Start each plan's utterance when the window and the previous one's audio allow."""
+        previous: _Utterance | None = None
+        try:
+            async for plan in plans:
+                await window.acquire()
+                if previous is not None:
+                    await previous.audible.wait()
+                utterance = _Utterance(len(self._utterances), plan)
+                utterance.task = asyncio.create_task(
+                    self._run(utterance), name=f"utterance {utterance.index}"
+                )
+                self._utterances.append(utterance)
+                queue.put_nowait(utterance)
+                previous = utterance
+        except Exception as exc:  # noqa: BLE001 - the plan source failed: raised in order by events()
+            queue.put_nowait(exc)
+            return
+        queue.put_nowait(_End())
+
+    def _remaining(self) -> float | None:
+        if self._deadline is None:
+            return None
+        return max(self._deadline - time.monotonic(), 0.001)
+
+    async def _run(self, utterance: _Utterance) -> None:
+        """One utterance through the stages; its events (or its error) go to its queue."""
+        plan = utterance.plan
+        try:
+            with self._talker.lease() as talker, self._decoder.lease() as decoder:
+                pipeline = SynthesisPipeline(
+                    talker.stub,
+                    decoder.stub,
+                    plan.talker_request,
+                    plan.decode_start,
+                    timeout=self._remaining(),
+                    metadata=((REQUEST_ID_METADATA_KEY, plan.talker_request.request_id),),
+                    drain_timeout=self._settings.drain_timeout,
+                )
+                try:
+                    await pipeline.start()
+                    utterance.events.put_nowait(UtteranceStarted(utterance.index))
+                    done = await self._stream(utterance, pipeline)
+                finally:
+                    await pipeline.close()  # a silence stop's Cancel frees the slot here
+                utterance.events.put_nowait(done)
+        except Exception as exc:  # noqa: BLE001 - delivered in order by events()
+            utterance.events.put_nowait(exc)
+        finally:
+            utterance.audible.set()
+
+    async def _stream(self, utterance: _Utterance, pipeline: SynthesisPipeline) -> UtteranceDone:
+        """Forward the decoder's PCM into the utterance's queue, through the silence stop."""
+        settings = self._settings
+        detector = (
+            SilenceDetector(settings.silence, settings.sample_rate, settings.frame_samples)
+            if settings.silence is not None
+            else None
+        )
+        samples = 0
+        async with contextlib.aclosing(pipeline.pcm_chunks()) as chunks:
+            async for pcm in chunks:
+                audio = np.frombuffer(pcm.samples, dtype="<f4")
+                keep = detector.push(audio) if detector is not None else None
+                if keep is not None:
+                    audio = audio[:keep]
+                if audio.size:
+                    utterance.events.put_nowait(UtteranceAudio(utterance.index, audio))
+                    samples += audio.size
+                    utterance.audible.set()
+                if keep is not None:
+                    logger.info(
+                        "utterance %s: silence stop after %.2f s of audio",
+                        utterance.plan.talker_request.request_id,
+                        samples / settings.sample_rate,
+                    )
+                    return UtteranceDone(
+                        index=utterance.index,
+                        plan=utterance.plan,
+                        start_sample=0,
+                        num_samples=samples,
+                        frames=samples // settings.frame_samples,
+                        finish_reason=tts_pb2.FINISH_REASON_SILENCE,
+                        talker_done=pipeline.talker_done or stages_pb2.TalkerDone(),
+                    )
+        done = pipeline.talker_done
+        assert done is not None  # DecodeDone only follows TalkerDone
+        if done.finish_reason not in _SUCCESS:
+            raise StageError(
+                "talker",
+                grpc.StatusCode.UNAVAILABLE,
+                f"generation ended early (finish_reason {tts_pb2.FinishReason.Name(done.finish_reason)})",
+            )
+        return UtteranceDone(
+            index=utterance.index,
+            plan=utterance.plan,
+            start_sample=0,
+            num_samples=samples,
+            frames=done.frames,
+            finish_reason=done.finish_reason,
+            talker_done=done,
+        )
+
+
+async def plans_of(plans: Iterable[UtterancePlan]) -> AsyncIterator[UtterancePlan]:
+    """The plans of a known list as the async iterable :meth:`UtteranceSequence.events` takes."""
+    for plan in plans:
+        yield plan
+
+
+def overall_finish_reason(results: Sequence[UtteranceDone]) -> int:
+    """The finish reason of a whole stream: LENGTH if any utterance hit its budget, else SILENCE
+    if the silence stop ended any, else EOS."""
+    reasons = {r.finish_reason for r in results}
+    for reason in (tts_pb2.FINISH_REASON_LENGTH, tts_pb2.FINISH_REASON_SILENCE):
+        if reason in reasons:
+            return reason
+    return tts_pb2.FINISH_REASON_EOS
+
+
+def segment_summaries(
+    results: Sequence[UtteranceDone], output_ratio: float, total_samples: int
+) -> list[tts_pb2.SegmentSummary]:
+    """Per-utterance summaries with positions at the output rate: native positions scaled by
+    ``output_ratio`` (output samples per native sample), the last segment ending at
+    ``total_samples`` (the stream's total), so the segments tile the output."""
+    starts = [round(r.start_sample * output_ratio) for r in results] + [total_samples]
+    return [
+        tts_pb2.SegmentSummary(
+            index=r.index,
+            text_start=r.plan.text_start,
+            text_end=r.plan.text_end,
+            seed=r.plan.talker_request.sampling.seed,
+            start_sample=starts[i],
+            num_samples=max(starts[i + 1] - starts[i], 0),
+            frames=r.frames,
+            finish_reason=r.finish_reason,
+        )
+        for i, r in enumerate(results)
+    ]
+
+
+__all__ = [
+    "SequenceSettings",
+    "UtteranceAudio",
+    "UtteranceDone",
+    "UtteranceEvent",
+    "UtterancePlan",
+    "UtteranceSequence",
+    "UtteranceStarted",
+    "overall_finish_reason",
+    "plans_of",
+    "segment_summaries",
+]
