@@ -12,6 +12,12 @@ iteration reads as the scheduler's calls:
    prefill them, list the running ones that decode;
 3. ONE decode step over those (talker + code predictor + sampling), frames delivered as events;
 4. ``scheduler.update()``: retire the requests that hit EOS or their frame budget.
+
+Incremental text (``add(..., text=TextFeed())``): before step 2, each open text is drained
+through its incremental tokenizer (:mod:`.text_feed`). A request enters the scheduler once its
+prompt can be built (:func:`~talker_service.model.prompt.tokens_to_start`); afterwards its new
+tokens join its trailing rows and the end of its text appends ``tts_eos``. A running request
+whose trailing rows are used up while its text is open is left out of the step (its slot kept).
 """
 
 from __future__ import annotations
@@ -31,11 +37,12 @@ from tts_common.errors import CapacityError, UnavailableError
 from tts_common.synthesis import SamplingParams, frame_budget
 
 from ..model.loader import TalkerModel
-from ..model.prompt import PromptInputs, TalkerPrompt
+from ..model.prompt import PromptInputs, TalkerPrompt, append_text, end_text, tokens_to_start
 from .config import EngineConfig
 from .request import DoneEvent, EngineEvent, EngineRequest, EventSink, FinishReason, FrameEvent
 from .runner import TalkerRunner
 from .scheduler import Scheduler
+from .text_feed import TextFeed, TextStream
 
 logger = logging.getLogger(__name__)
 
@@ -71,6 +78,12 @@ class TalkerEngine:
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)
         self._inbox: list[EngineRequest] = []
+        self._poked = False
+        """Text arrived or a request was cancelled since the loop last looked."""
+        self._streams: list[EngineRequest] = []
+        """Admitted requests whose text is open (engine thread only)."""
+        self._unstarted = 0
+        """Of those, how many wait for enough text to build their prompt."""
         self._stopping = False
         self._thread: threading.Thread | None = None
         self.steps = 0
@@ -102,7 +115,7 @@ class TalkerEngine:
 
     def stats(self) -> EngineStats:
         with self._lock:
-            waiting = self.scheduler.num_waiting + len(self._inbox)
+            waiting = self.scheduler.num_waiting + len(self._inbox) + self._unstarted
             running = self.scheduler.num_running
         return EngineStats(running, waiting, self.config.max_slots, self.steps, self.last_batch_size)
 
@@ -115,30 +128,44 @@ class TalkerEngine:
         max_new_tokens: int | None,
         sink: EventSink,
         *,
-        text_complete: bool = True,
+        text: TextFeed | None = None,
     ) -> EngineRequest:
         """Queue a request whose events go to ``sink`` (thread-safe callable): FrameEvents, then
         one DoneEvent (its ``error`` set if the request was refused on admission: a prompt that
         cannot be built, or a budget that can never fit a slot).
 
-        ``max_new_tokens`` None = the runaway guard. Raises CapacityError at once when the queue
-        is full, UnavailableError when the engine is stopping.
+        ``max_new_tokens`` None = the runaway guard. ``text``: the text is open: ``source`` (a
+        PromptInputs) holds its start and the rest arrives through ``text`` (see the module
+        docstring); the codes equal those of the whole text with streaming feeding. Raises
+        CapacityError at once when the queue is full, UnavailableError when the engine is
+        stopping.
         """
+        if text is not None and not isinstance(source, PromptInputs):
+            raise ValueError("an open text needs PromptInputs, not a ready-made prompt")
         request = EngineRequest(
             request_id=request_id,
             source=source,
             sampling=sampling,
             max_new_tokens=max_new_tokens,
             sink=sink,
-            text_complete=text_complete,
+            text_complete=text is None,
+            text_feed=text,
         )
         with self._lock:
             if self._stopping:
                 raise UnavailableError("talker engine is shutting down")
-            self.scheduler.check_queue(pending=len(self._inbox))
+            self.scheduler.check_queue(pending=len(self._inbox) + self._unstarted)
             self._inbox.append(request)
             self._wakeup.notify_all()
+        if text is not None:
+            text.attach(self._poke)
         return request
+
+    def _poke(self) -> None:
+        """Wake the loop: text arrived or a request was cancelled."""
+        with self._lock:
+            self._poked = True
+            self._wakeup.notify_all()
 
     async def generate(
         self,
@@ -146,6 +173,7 @@ class TalkerEngine:
         source: PromptInputs | TalkerPrompt,
         sampling: SamplingParams,
         max_new_tokens: int | None = None,
+        text: TextFeed | None = None,
     ) -> AsyncIterator[EngineEvent]:
         """:meth:`add` and yield its :class:`FrameEvent`s then one :class:`DoneEvent`.
 
@@ -158,7 +186,7 @@ class TalkerEngine:
         def sink(event: EngineEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        request = self.add(request_id, source, sampling, max_new_tokens, sink)
+        request = self.add(request_id, source, sampling, max_new_tokens, sink, text=text)
         try:
             while True:
                 event = await queue.get()
@@ -211,8 +239,7 @@ class TalkerEngine:
         """Ask the loop to drop ``request`` (no-op once finished)."""
         if not request.finished:
             request.cancelled.set()
-            with self._lock:
-                self._wakeup.notify_all()
+            self._poke()
 
     # --- the loop -------------------------------------------------------------------------------
     def _loop(self) -> None:
@@ -220,23 +247,36 @@ class TalkerEngine:
         adopt_torch_threads()
         while True:
             with self._lock:
-                while not self._stopping and not self._inbox and not self.scheduler.has_work():
+                while (
+                    not self._stopping
+                    and not self._inbox
+                    and not self._poked
+                    and not self.scheduler.has_work()
+                ):
                     self._wakeup.wait(timeout=0.5)
                 if self._stopping:
                     break
                 inbox, self._inbox = self._inbox, []
+                self._poked = False
             try:
                 for request in inbox:
                     self._admit(request)
+                if self._streams:
+                    self._pump_text()
                 self._iteration()
+                if self._streams:
+                    self._mark_text_waits()
             except Exception as exc:  # a bug or device error: fail the requests held, keep serving
                 logger.exception("talker engine step failed")
-                for request in self.scheduler.requests:
+                for request in self.scheduler.requests + self._streams:
                     self.scheduler.remove(request)
                     request.finish(FinishReason.ERROR, exc)
+                self._forget_finished_streams()
         with self._lock:
-            leftovers = self.scheduler.requests + self._inbox
+            leftovers = self.scheduler.requests + self._inbox + self._streams
             self._inbox = []
+            self._streams = []
+            self._unstarted = 0
         for request in leftovers:
             self.scheduler.remove(request)
             request.finish(FinishReason.CANCELLED)
@@ -248,16 +288,91 @@ class TalkerEngine:
             return
         try:
             source = request.source
+            if request.text_feed is not None:
+                assert isinstance(source, PromptInputs)
+                request.text = TextStream(request.text_feed, self.model.tokenizer, source.text)
+                self._streams.append(request)
+                self._unstarted += 1
+                return  # the prompt is built once enough text has arrived (_pump_text)
             request.prompt = source if isinstance(source, TalkerPrompt) else self.model.build_prompt(source)
-            request.max_frames = frame_budget(
-                request.max_new_tokens,
-                text_tokens=request.prompt.text_tokens,
-                room=self.config.frames_that_fit(request.prompt_len),
-                guard=self.config.runaway_guard,
-            )
+            self._set_budget(request)
             self.scheduler.add(request)
         except Exception as exc:  # noqa: BLE001 - delivered to the caller as the request's error
             request.finish(FinishReason.ERROR, exc)
+
+    def _set_budget(self, request: EngineRequest) -> None:
+        """The request's frame budget from its prompt (again as an open text grows: the runaway
+        guard counts text tokens; while the text is open the request never gets near it, since it
+        waits after each token's frame)."""
+        assert request.prompt is not None
+        request.max_frames = frame_budget(
+            request.max_new_tokens,
+            text_tokens=request.prompt.text_tokens,
+            room=self.config.frames_that_fit(request.prompt_len),
+            guard=self.config.runaway_guard,
+        )
+
+    # --- open texts -----------------------------------------------------------------------------
+    def _pump_text(self) -> None:
+        """Move newly arrived text into the requests: start those that now can, extend the
+        trailing rows of running ones, end texts that ended."""
+        for request in self._streams:
+            if request.finished:
+                continue
+            text = request.text
+            assert text is not None and isinstance(request.source, PromptInputs)
+            if request.prompt is None and request.cancelled.is_set():
+                request.finish(FinishReason.CANCELLED)
+                continue
+            try:
+                changed = text.pull()
+                if request.prompt is None:
+                    needed = tokens_to_start(self.model.tokenizer, request.source)
+                    if not text.ended and (needed is None or len(text.pending_ids) < needed):
+                        continue
+                    request.prompt = self.model.build_prompt(
+                        request.source, text.take_ids(), text_open=not text.ended, role_ids=text.role_ids
+                    )
+                    request.text_complete = text.ended
+                    self._set_budget(request)
+                    self.scheduler.add(request)
+                    continue
+                if not changed:
+                    continue
+                append_text(self.model.talker, request.prompt, text.take_ids())
+                if text.ended:
+                    end_text(request.prompt)
+                    request.text_complete = True
+                if request.max_new_tokens is None:
+                    self._set_budget(request)
+                if request.waiting_since is not None and not request.waiting_for_text:
+                    request.timing.text_wait += time.monotonic() - request.waiting_since
+                    request.waiting_since = None
+            except Exception as exc:  # noqa: BLE001 - delivered to the caller as the request's error
+                self.scheduler.remove(request)
+                request.finish(FinishReason.ERROR, exc)
+        self._forget_finished_streams()
+
+    def _forget_finished_streams(self) -> None:
+        """Drop the requests whose text ended (or that ended) from the open texts."""
+        self._streams = [r for r in self._streams if not r.finished and not r.text_complete]
+        unstarted = sum(1 for r in self._streams if r.prompt is None)
+        with self._lock:
+            self._unstarted = unstarted
+
+    def _mark_text_waits(self) -> None:
+        """Start the wait clock of running requests that just used up their text."""
+        now = time.monotonic()
+        for request in self._streams:
+            if (
+                request.slot is not None
+                and not request.finished
+                and request.waiting_since is None
+                and request.waiting_for_text
+            ):
+                request.waiting_since = now
+                request.timing.stalls += 1
+        self._forget_finished_streams()
 
     def _iteration(self) -> None:
         out = self.scheduler.schedule()

@@ -7,11 +7,15 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from tts_common.synthesis import SamplingParams
 
 from ..model.prompt import PromptInputs, TalkerPrompt
 from ..model.sampling import RequestNoise
+
+if TYPE_CHECKING:
+    from .text_feed import TextFeed, TextStream
 
 
 class FinishReason(enum.Enum):
@@ -32,6 +36,10 @@ class RequestTiming:
     prefill_end: float | None = None
     first_frame: float | None = None
     finished: float | None = None
+    text_wait: float = 0.0
+    """Seconds the request held its slot waiting for text (open text only)."""
+    stalls: int = 0
+    """Times it had to wait for text: frames delayed by the text's arrival (open text only)."""
 
     @staticmethod
     def ms(start: float | None, end: float | None) -> float:
@@ -101,6 +109,12 @@ class EngineRequest:
     text_complete: bool = True
     """False while more text may be appended (text streamed in): the request then waits for
     trailing rows instead of feeding tts_pad once they run out, without holding back others."""
+    text_feed: TextFeed | None = None
+    """The caller's side of an open text (:mod:`.text_feed`), else None."""
+    text: TextStream | None = None
+    """The engine thread's side of an open text, set on admission."""
+    waiting_since: float | None = None
+    """When the current wait for text began (None while not waiting)."""
 
     @property
     def prompt_len(self) -> int:
@@ -118,6 +132,9 @@ class EngineRequest:
             return
         self.finished = True
         self.timing.finished = time.monotonic()
+        if self.waiting_since is not None:
+            self.timing.text_wait += self.timing.finished - self.waiting_since
+            self.waiting_since = None
         self.sink(
             DoneEvent(
                 reason=reason,

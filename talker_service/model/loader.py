@@ -53,9 +53,18 @@ class TalkerModel:
             use_onednn_linears(talker)
         return cls(config=cfg, tokenizer=tokenizer, talker=talker, device=torch.device(device), dtype=dtype)
 
-    def build_prompt(self, request: PromptInputs) -> TalkerPrompt:
-        """The talker prompt of ``request`` (validated by the caller)."""
-        return build_prompt(self.talker, self.tokenizer, self.config.model, request)
+    def build_prompt(
+        self,
+        request: PromptInputs,
+        text_ids: list[int] | None = None,
+        text_open: bool = False,
+        role_ids: list[int] | None = None,
+    ) -> TalkerPrompt:
+        """The talker prompt of ``request`` (validated by the caller); the other arguments as in
+        :func:`~talker_service.model.prompt.build_prompt` (incremental text)."""
+        return build_prompt(
+            self.talker, self.tokenizer, self.config.model, request, text_ids, text_open, role_ids
+        )
 
     def allocate_cache(self, num_slots: int, max_len: int) -> KVCache:
         """A talker KV cache for ``num_slots`` concurrent requests of ``max_len`` positions."""

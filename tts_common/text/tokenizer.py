@@ -25,7 +25,14 @@ QWEN2_SPLIT_REGEX = (
 )
 
 
-SYNTHESIS_TEMPLATE = "<|im_start|>assistant\n{}<|im_end|>\n<|im_start|>assistant\n"
+SYNTHESIS_ROLE = "<|im_start|>assistant\n"
+"""What precedes the text in :meth:`TextTokenizer.synthesis_ids`."""
+SYNTHESIS_TAIL = "<|im_end|>\n<|im_start|>assistant\n"
+"""What follows the text in :meth:`TextTokenizer.synthesis_ids`."""
+ROLE_SEGMENT = "assistant\n"
+"""The part of :data:`SYNTHESIS_ROLE` after its special token: the start of the text's segment
+(added tokens cut the input into segments that are normalised and split separately)."""
+SYNTHESIS_TEMPLATE = SYNTHESIS_ROLE + "{}" + SYNTHESIS_TAIL
 """The text to speak in the official chat template."""
 INSTRUCT_TEMPLATE = "<|im_start|>user\n{}<|im_end|>\n"
 """An instruction in the official chat template (prepended to the prompt)."""
@@ -55,9 +62,13 @@ def read_tokenizer_files(path: str | Path) -> dict[str, bytes]:
 class TextTokenizer:
     """Text -> token ids exactly as the official processor (with the Qwen2 split regex)."""
 
-    def __init__(self, tokenizer: Tokenizer, added: dict[str, int]) -> None:
+    def __init__(self, tokenizer: Tokenizer, added: dict[str, int], plain_added: bool = True) -> None:
         self._tok = tokenizer
         self._added = dict(added)
+        self._split = pre_tokenizers.Split(Regex(QWEN2_SPLIT_REGEX), behavior="isolated", invert=False)
+        self.plain_added_tokens = plain_added
+        """Every added token is matched on the raw text as is (not normalised, no whitespace
+        stripping, no word-boundary rule): what the incremental tokenizer relies on."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path) -> TextTokenizer:
@@ -113,6 +124,7 @@ class TextTokenizer:
         tok.decoder = decoders.ByteLevel()
 
         added: dict[str, int] = {}
+        plain = True
         entries = sorted(((int(k), v) for k, v in (cfg.get("added_tokens_decoder") or {}).items()))
         for tid, spec in entries:
             token = AddedToken(
@@ -134,7 +146,8 @@ class TextTokenizer:
                     "(added tokens must follow the vocabulary contiguously)"
                 )
             added[spec["content"]] = tid
-        return cls(tok, added)
+            plain = plain and not (token.normalized or token.lstrip or token.rstrip or token.single_word)
+        return cls(tok, added, plain)
 
     def encode(self, text: str) -> list[int]:
         """Token ids of ``text`` (no BOS/EOS added; special-token strings map to their ids)."""
@@ -145,6 +158,20 @@ class TextTokenizer:
         placed in the synthesis template tokenizes the same (the template's special tokens and
         line break stand apart in the split regex), so this is the talker's ``text_tokens``."""
         return len(self._tok.encode(text, add_special_tokens=False).ids)
+
+    @property
+    def added_tokens(self) -> tuple[str, ...]:
+        """The contents of the added (and special) tokens, matched in the raw text first."""
+        return tuple(self._added)
+
+    def normalize(self, text: str) -> str:
+        """``text`` through the tokenizer's normaliser (NFC)."""
+        return self._tok.normalizer.normalize_str(text)
+
+    def split(self, normalized: str) -> list[tuple[int, int]]:
+        """Character spans of the pre-tokens of ``normalized`` (Qwen2 split regex): BPE merges
+        never cross them."""
+        return [span for _, span in self._split.pre_tokenize_str(normalized)]
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         """Inverse of :meth:`encode` (for logs and debugging)."""
@@ -164,6 +191,12 @@ class TextTokenizer:
         """``<|im_start|>assistant\\n{text}<|im_end|>\\n<|im_start|>assistant\\n``: the text's tokens
         with :data:`ROLE_TOKENS` in front and :data:`TAIL_TOKENS` behind."""
         return self.encode(SYNTHESIS_TEMPLATE.format(text))
+
+    def text_ids(self, text: str) -> list[int]:
+        """The tokens of ``text`` as the prompt uses them: :meth:`synthesis_ids` without the role
+        and tail tokens (the official ``ids[3:-5]``, quirks included: a text starting with a line
+        break merges it into the role's)."""
+        return self.synthesis_ids(text)[ROLE_TOKENS:-TAIL_TOKENS]
 
     def instruct_ids(self, instruct: str) -> list[int]:
         """``<|im_start|>user\\n{instruct}<|im_end|>\\n``."""
