@@ -15,9 +15,9 @@ import threading
 from collections.abc import Callable
 
 from tts_common.errors import FailedPreconditionError
+from tts_common.text.tokenizer import TextTokenizer, TokenizerError
 
 from ..model.streaming_text import IncrementalTokenizer
-from ..model.tokenizer import TextTokenizer, TokenizerError
 
 
 class TextFeed:
