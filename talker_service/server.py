@@ -1,10 +1,13 @@
 """The talker gRPC servicer: ``Generate`` streams codec frames from the continuous-batching engine.
 
 Protocol (``qwen3tts.internal.v1.Talker/Generate``, bidirectional): the client's first message is
-a ``TalkerRequest``; it may later send ``Cancel`` (or simply cancel the call). The server answers
-with ``CodecChunk`` messages as frames are produced (``frames_per_chunk`` frames each, default 1)
-and one final ``TalkerDone``. Invalid requests fail with INVALID_ARGUMENT before any chunk; a
-full queue with RESOURCE_EXHAUSTED.
+a ``TalkerRequest``; it may later send ``Cancel`` (or simply cancel the call), and with
+``text_open`` the rest of the text as ``AppendText`` messages closed by ``EndText``
+(``engine.text_feed``). The server answers with ``CodecChunk`` messages as frames are produced
+(``frames_per_chunk`` frames each, default 1) and one final ``TalkerDone``. Invalid requests fail
+with INVALID_ARGUMENT before any chunk; a full queue with RESOURCE_EXHAUSTED; client messages out
+of order (text messages without ``text_open`` or after ``EndText``, a second request, a half-close
+before ``EndText``) with FAILED_PRECONDITION.
 """
 
 from __future__ import annotations
@@ -28,7 +31,9 @@ from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 from tts_common.text.tokenizer import read_tokenizer_files
 
-from .engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from .engine import DoneEvent, EngineConfig, EngineEvent, FinishReason, FrameEvent, TalkerEngine
+from .engine.request import EngineRequest
+from .engine.text_feed import TextFeed
 from .model.loader import TalkerModel
 from .model_info import engine_inputs, talker_info
 
@@ -120,15 +125,25 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                     f"frames_per_chunk must be in [1, {MAX_FRAMES_PER_CHUNK}], got {chunk_frames}"
                 )
             inputs, sampling, max_new_tokens = engine_inputs(msg, info, model)
+            feed = TextFeed() if msg.text_open else None
+            loop = asyncio.get_running_loop()
+            # Engine events and the client reader's protocol errors, in arrival order.
+            queue: asyncio.Queue[EngineEvent | Exception] = asyncio.Queue()
+
+            def sink(event: EngineEvent) -> None:
+                loop.call_soon_threadsafe(queue.put_nowait, event)
+
             # The prompt is built on the engine thread when the engine admits the request.
-            events = engine.generate(request_id, inputs, sampling, max_new_tokens)
-            # Client-side Cancel messages (or the stream closing) cancel the engine request.
-            watcher = asyncio.create_task(self._watch_cancel(request_iterator, events))
+            request = engine.add(request_id, inputs, sampling, max_new_tokens, sink, text=feed)
+            reader = asyncio.create_task(self._read_client(request_iterator, engine, request, feed, queue))
             pending: list[list[int]] = []
             start_frame = 0
             t0 = time.monotonic()
             try:
-                async for event in events:
+                while True:
+                    event = await queue.get()
+                    if isinstance(event, Exception):
+                        raise event
                     if isinstance(event, FrameEvent):
                         pending.append(event.codes)
                         if len(pending) >= chunk_frames:
@@ -141,6 +156,9 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                         if event.reason is FinishReason.ERROR and event.error is not None:
                             raise event.error
                         metrics.QUEUE_TIME.labels(stage="talker").observe(event.timing.queue_ms / 1000)
+                        if feed is not None:
+                            metrics.TEXT_WAIT_TIME.labels(stage="talker").observe(event.timing.text_wait)
+                            metrics.STALLED_FRAMES.labels(stage="talker").inc(event.timing.stalls)
                         yield stages_pb2.TalkerServerMessage(
                             done=stages_pb2.TalkerDone(
                                 frames=event.frames,
@@ -150,11 +168,14 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                                 first_frame_ms=event.timing.first_frame_ms,
                                 total_ms=(time.monotonic() - t0) * 1000,
                                 prompt_tokens=event.prompt_len,
+                                text_wait_ms=event.timing.text_wait * 1000,
+                                stalled_frames=event.timing.stalls,
                             )
                         )
+                        return
             finally:
-                watcher.cancel()
-                await events.aclose()
+                reader.cancel()
+                engine.cancel(request)  # no-op once finished; frees the slot if the call ended early
 
     @staticmethod
     def _chunk(start_frame: int, frames: list[list[int]]) -> stages_pb2.TalkerServerMessage:
@@ -163,16 +184,42 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         )
 
     @staticmethod
-    async def _watch_cancel(request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage], events) -> None:
+    async def _read_client(
+        request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage],
+        engine: TalkerEngine,
+        request: EngineRequest,
+        feed: TextFeed | None,
+        errors: asyncio.Queue,
+    ) -> None:
+        """The client's messages after the request: Cancel cancels the engine request, text
+        messages go to ``feed``; a protocol error is put on ``errors`` (the call fails with it)
+        and cancels the request."""
         try:
             async for message in request_iterator:
-                if message.WhichOneof("message") == "cancel":
-                    break
-            else:
-                return  # half-close without Cancel: keep generating
+                kind = message.WhichOneof("message")
+                if kind == "cancel":
+                    engine.cancel(request)
+                    return
+                if kind == "request":
+                    raise FailedPreconditionError("a second TalkerRequest on one Generate call")
+                if kind in ("append_text", "end_text"):
+                    name = "AppendText" if kind == "append_text" else "EndText"
+                    if feed is None:
+                        raise FailedPreconditionError(f"{name} needs a TalkerRequest with text_open set")
+                    if kind == "append_text":
+                        feed.append(message.append_text.text)
+                    else:
+                        feed.end()
+            # Half-close: fine once the text is complete (or was never open).
+            if feed is not None and not feed.ended and not request.finished:
+                raise FailedPreconditionError(
+                    "the client closed its side before EndText (the text never ended)"
+                )
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             return
-        await events.aclose()
+        except FailedPreconditionError as exc:
+            engine.cancel(request)
+            errors.put_nowait(exc)
 
     @handle_rpc_errors(stage="talker")
     async def GetStats(

@@ -124,6 +124,17 @@ GENERATED_FRAMES = Counter(
     "Codec frames produced (talker) or consumed (decoder).",
     ["stage"],
 )
+TEXT_WAIT_TIME = Histogram(
+    PREFIX + "text_wait_seconds",
+    "Per streamed-text request: time it held its batch slot waiting for text (its text used up).",
+    ["stage"],
+    buckets=_QUEUE_BUCKETS,
+)
+STALLED_FRAMES = Counter(
+    PREFIX + "stalled_frames_total",
+    "Frames delayed because a streamed-text request had used up its text (waits entered).",
+    ["stage"],
+)
 AUDIO_SECONDS = Counter(
     PREFIX + "audio_seconds_total",
     "Seconds of audio produced.",
@@ -158,6 +169,8 @@ _ALL = (
     RUNNING_REQUESTS,
     WAITING_REQUESTS,
     GENERATED_FRAMES,
+    TEXT_WAIT_TIME,
+    STALLED_FRAMES,
     AUDIO_SECONDS,
     UTTERANCES,
     CACHE_LOOKUPS,

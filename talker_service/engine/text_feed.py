@@ -35,6 +35,12 @@ class TextFeed:
         with self._lock:
             return self._ended
 
+    @property
+    def unread(self) -> bool:
+        """Text was appended that the engine has not taken yet."""
+        with self._lock:
+            return bool(self._deltas)
+
     def attach(self, wake: Callable[[], None]) -> None:
         """Called by the engine when the request is added: ``wake()`` after each change."""
         with self._lock:
