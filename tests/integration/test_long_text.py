@@ -19,7 +19,9 @@ import soundfile as sf
 from qwen3_tts.dev_model import make_dev_model
 from tests.helpers.stack import running_stack
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
-from tts_common.synthesis.segments import segment_seed
+from tts_common.synthesis.segments import PROMPT_FIXED_POSITIONS, max_segment_tokens, segment_seed
+from tts_common.text import segment_text
+from tts_common.text.tokenizer import TextTokenizer
 
 SEED = 424242
 MAX_NEW_TOKENS = 3
@@ -100,15 +102,19 @@ def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack,
 
         # Every segment present, in order: the segments tile the text (whitespace aside) and the audio.
         assert [s.index for s in segments] == list(range(len(segments)))
-        assert "".join(text[s.text_start : s.text_end] for s in segments).split() == text.split()
+        assert " ".join(text[s.text_start : s.text_end] for s in segments).split() == text.split()
         assert all(a.text_end <= b.text_start for a, b in zip(segments, segments[1:]))
         starts = [s.start_sample for s in segments]
         assert starts[0] == 0 and all(
             s.start_sample + s.num_samples == t for s, t in zip(segments, starts[1:] + [audio.size])
         )
         assert [s.seed for s in segments] == [segment_seed(SEED, k) for k in range(len(segments))]
-        # The talker's own tokenizer sized them (the dev vocabulary): none near the budget's cut.
-        assert all(s.finish_reason != tts_pb2.FINISH_REASON_SILENCE for s in segments)
+        # Cut by the talker's own tokenizer (fetched with GetTokenizer) to the default size.
+        tokenizer = TextTokenizer.from_checkpoint(dev_model)
+        expected = segment_text(
+            text, max_segment_tokens(2048, PROMPT_FIXED_POSITIONS), tokenizer.count_tokens
+        )
+        assert [(s.text_start, s.text_end) for s in segments] == [(p.start, p.end) for p in expected]
 
         # The same audio as each segment synthesized alone with its derived seed.
         for s in segments:

@@ -233,3 +233,18 @@ def test_the_stop_does_not_depend_on_chunking(levels: list[float], cuts: list[in
             break
         kept += b - a
     assert stop == whole
+
+
+def test_never_triggers_on_the_parity_fixtures() -> None:
+    # The official outputs of every fixture request (what the parity tests compare against): the
+    # default silence stop leaves each whole, so their codes and audio stay identical.
+    from tests.helpers.fixtures import REFERENCE_DIR
+    from tts_common.silence import DEFAULT_SILENCE_STOP
+
+    wavs = sorted(REFERENCE_DIR.glob("*/*/wav_*.npy"))
+    assert len(wavs) >= 20
+    for path in wavs:
+        audio = np.load(path).astype(np.float32)
+        levels = [frame_level_dbfs(audio[i : i + FRAME]) for i in range(0, audio.size - FRAME + 1, FRAME)]
+        assert max(levels) >= DEFAULT_SILENCE_STOP.threshold_dbfs  # it has speech: the stop is armed
+        assert silence_stop_sample(audio, DEFAULT_SILENCE_STOP, RATE, FRAME) is None, path

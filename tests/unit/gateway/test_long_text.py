@@ -150,13 +150,13 @@ def test_exact_token_counts_from_the_talker() -> None:
 def test_silence_stop_ends_the_utterance_and_frees_the_slot() -> None:
     async def main() -> None:
         before = utterances("SILENCE")
-        async with Harness(frames=1000, delay=0.01, silence_stop_seconds=0.4) as h:
+        async with Harness(frames=3000, delay=0.01, silence_stop_seconds=0.4) as h:
             h.decoder.silent_from_frame = 3
             began = time.monotonic()
             _, chunks, summary = await h.synthesize(request("Hello there."))
             elapsed = time.monotonic() - began
-            # 3 frames of sound, then 0.4 s = 5 frames of silence; 1000 frames would take 10 s.
-            assert elapsed < 4
+            # 3 frames of sound, then 0.4 s = 5 frames of silence; 3000 frames would take 30 s.
+            assert elapsed < 15
             audio = audio_of(chunks)
             assert audio.size == (3 + 5) * SAMPLES_PER_FRAME
             np.testing.assert_array_equal(audio[: 3 * SAMPLES_PER_FRAME], expected_signal(3))
