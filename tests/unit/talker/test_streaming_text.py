@@ -22,7 +22,7 @@ from talker_service.engine.text_feed import TextFeed
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs
 from talker_service.model.streaming_text import IncrementalTokenizer
-from talker_service.model.tokenizer import ROLE_TOKENS, TextTokenizer
+from tts_common.text.tokenizer import ROLE_TOKENS, TextTokenizer
 from talker_service.model.unicode_boundaries import boundary_after, boundary_before
 from tests.helpers.fixtures import (
     CHECKPOINT_NAMES,
