@@ -7,6 +7,9 @@ surfaces within one message: a failing stage (killed, restarted, rejecting the r
 iteration with a :class:`StageError` naming the stage, even while the other stage is idle
 waiting for input. :meth:`SynthesisPipeline.close` cancels both calls (after sending the talker a
 ``Cancel``), so a cancelled client frees its talker slot at once.
+
+Streamed text (``TalkerRequest.text_open``): the ``text`` iterable's ``AppendText`` / ``EndText``
+messages are written to the talker call as they come (a background task), after the request.
 """
 
 from __future__ import annotations
@@ -14,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 
 import grpc
 
@@ -86,9 +89,11 @@ class SynthesisPipeline:
         timeout: float | None = None,
         metadata: Sequence[tuple[str, str]] = (),
         drain_timeout: float = 30.0,
+        text: AsyncIterable[stages_pb2.TalkerClientMessage] | None = None,
     ) -> None:
         """``timeout``: deadline of both calls (the client's remaining time); ``drain_timeout``:
-        how long the decoder may stay silent once it has all frames."""
+        how long the decoder may stay silent once it has all frames; ``text``: the text messages
+        of a ``text_open`` request."""
         self._talker_stub = talker
         self._decoder_stub = decoder
         self._talker_request = talker_request
@@ -99,6 +104,8 @@ class SynthesisPipeline:
         self._talker_call: grpc.aio.StreamStreamCall | None = None
         self._decoder_call: grpc.aio.StreamStreamCall | None = None
         self._pump: asyncio.Task[None] | None = None
+        self._text = text
+        self._text_task: asyncio.Task[None] | None = None
         self.talker_done: stages_pb2.TalkerDone | None = None
         """The talker's final message, once received."""
 
@@ -113,6 +120,20 @@ class SynthesisPipeline:
             "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(start=self._decode_start)
         )
         self._pump = asyncio.create_task(self._forward_frames(), name="talker->decoder")
+        if self._text is not None:
+            self._text_task = asyncio.create_task(self._forward_text(), name="text->talker")
+
+    async def _forward_text(self) -> None:
+        """The streamed text's messages -> talker. A failed write ends the task quietly: the
+        talker call's failure reaches the caller through the frame pump."""
+        assert self._text is not None and self._talker_call is not None
+        with contextlib.suppress(StageError):
+            async for message in self._text:
+                await self._write("talker", self._talker_call, message)
+
+    def _stop_text(self) -> None:
+        if self._text_task is not None and not self._text_task.done():
+            self._text_task.cancel()
 
     @staticmethod
     async def _write(stage: str, call: grpc.aio.StreamStreamCall, message: object) -> None:
@@ -143,6 +164,7 @@ class SynthesisPipeline:
             elif kind == "done":
                 self.talker_done = message.done
                 break
+        self._stop_text()  # a cancelled or finished generation takes no more text
         await self._write(
             "decoder", self._decoder_call, stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd())
         )
@@ -203,6 +225,10 @@ class SynthesisPipeline:
         """Stop everything still running: Cancel + cancel the talker call (frees its slot),
         cancel the decoder call and the forwarding task. Idempotent, never raises."""
         talker, decoder, pump = self._talker_call, self._decoder_call, self._pump
+        self._stop_text()  # no text write may run alongside the Cancel write
+        if self._text_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._text_task
         if talker is not None and not talker.done():
             try:
                 await asyncio.wait_for(

@@ -22,6 +22,8 @@ import logging
 from collections.abc import AsyncIterator, Mapping
 
 import grpc
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
@@ -49,11 +51,25 @@ async def audio_bytes(responses: Responses, where: str) -> AsyncIterator[bytes]:
     count(grpc.StatusCode.OK)
 
 
-def summary_object(summary: tts_pb2.SynthesisSummary) -> dict[str, object]:
-    """The ``SynthesisSummary`` as JSON: every field, numbers as numbers (proto JSON would quote
-    64-bit integers), the finish reason by name."""
-    result: dict[str, object] = {f.name: getattr(summary, f.name) for f in summary.DESCRIPTOR.fields}
-    result["finish_reason"] = tts_pb2.FinishReason.Name(summary.finish_reason)
+def summary_object(summary: Message) -> dict[str, object]:
+    """A ``SynthesisSummary`` (or ``UtteranceEnd``) as JSON: every field, numbers as numbers (proto
+    JSON would quote 64-bit integers), enums (the finish reasons) by name, repeated fields as
+    lists."""
+
+    def value(field: FieldDescriptor, raw: object) -> object:
+        if field.message_type is not None:
+            return summary_object(raw)  # type: ignore[arg-type]
+        if field.enum_type is not None:
+            return field.enum_type.values_by_number[raw].name  # type: ignore[index]
+        return raw
+
+    result: dict[str, object] = {}
+    for field in summary.DESCRIPTOR.fields:
+        raw = getattr(summary, field.name)
+        if field.is_repeated:
+            result[field.name] = [value(field, item) for item in raw]
+        else:
+            result[field.name] = value(field, raw)
     return result
 
 

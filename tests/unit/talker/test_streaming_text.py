@@ -22,7 +22,6 @@ from talker_service.engine.text_feed import TextFeed
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs
 from talker_service.model.streaming_text import IncrementalTokenizer
-from tts_common.text.tokenizer import ROLE_TOKENS, TextTokenizer
 from talker_service.model.unicode_boundaries import boundary_after, boundary_before
 from tests.helpers.fixtures import (
     CHECKPOINT_NAMES,
@@ -33,6 +32,7 @@ from tests.helpers.fixtures import (
 )
 from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.synthesis import SamplingParams
+from tts_common.text.tokenizer import ROLE_TOKENS, TextTokenizer
 
 # Pieces chosen to hit every rule: line breaks and whitespace runs (the split regex's
 # backtracking), contractions, digits, punctuation runs, combining marks and composing
