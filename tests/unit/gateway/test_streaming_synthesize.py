@@ -5,10 +5,14 @@ request (AppendText/EndText), responses like Synthesize plus utterance ends, flu
 from __future__ import annotations
 
 import asyncio
+import io
+import os
+import sys
 from collections.abc import Sequence
 
 import grpc
 import numpy as np
+import soundfile as sf
 from prometheus_client import REGISTRY
 
 from tests.helpers.fake_stages import Harness, expect_rpc_error, expected_signal, run
@@ -247,5 +251,43 @@ def test_idle_text_ends_with_deadline_exceeded_and_frees_the_slot() -> None:
                     break
                 await asyncio.sleep(0.02)
             assert h.talker.active == 0 and h.talker.stopped.is_set()
+
+    run(main())
+
+
+def test_say_stream_text_sends_stdin_as_it_arrives(tmp_path, monkeypatch) -> None:
+    from qwen3_tts.cli import build_parser
+
+    async def main() -> None:
+        async with Harness(frames=4) as h:
+            read_end, write_end = os.pipe()
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(open(read_end, "rb", buffering=0)))
+            out = tmp_path / "say.wav"
+            args = build_parser().parse_args(
+                [
+                    "say",
+                    "--stream-text",
+                    "--gateway",
+                    f"127.0.0.1:{h.port}",
+                    "--speaker",
+                    "vivian",
+                    "-o",
+                    str(out),
+                ]
+            )
+            said = asyncio.create_task(asyncio.to_thread(args.func, args))
+            text = "Grüße aus dem Text, der noch geschrieben wird."
+            data = text.encode()
+            for piece in (data[:3], data[3:4], data[4:20], data[20:]):  # 3:4 splits the "ü"
+                os.write(write_end, piece)
+                await asyncio.sleep(0.05)
+            assert not said.done()  # still reading: the text is open
+            assert h.talker.requests and h.talker.requests[0].text_open
+            os.close(write_end)
+            assert await said == 0
+            assert list(h.talker.texts.values()) == [text]
+            audio, rate = sf.read(out, dtype="float32")
+            assert rate == 24000
+            np.testing.assert_array_equal(audio, expected_signal(4))
 
     run(main())
