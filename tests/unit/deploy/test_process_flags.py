@@ -50,6 +50,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--http-max-body-bytes": 1024 * 1024,
         "--voice-alias": (),
         "--segment-tokens": 0,
+        "--text-idle-timeout-seconds": 30.0,
         "--segment-lookahead": 1,
         "--no-silence-stop": True,
         "--silence-threshold-dbfs": -45.0,

@@ -291,3 +291,17 @@ def test_say_stream_text_sends_stdin_as_it_arrives(tmp_path, monkeypatch) -> Non
             np.testing.assert_array_equal(audio, expected_signal(4))
 
     run(main())
+
+
+def test_api_keys_guard_the_streaming_call() -> None:
+    async def main() -> None:
+        async with Harness(frames=1, api_keys=frozenset({"k1"})) as h:
+            messages = [config(), text("Hi.")]
+            error = await expect_rpc_error(h.stub.StreamingSynthesize(iter(messages), timeout=10))
+            assert error.code() is grpc.StatusCode.UNAUTHENTICATED
+            call = h.stub.StreamingSynthesize(
+                iter(messages), timeout=10, metadata=(("authorization", "Bearer k1"),)
+            )
+            assert kinds([r async for r in call])[-1] == "summary"
+
+    run(main())
