@@ -8,19 +8,20 @@ utterance unless it would outgrow one talker request (``max_tokens``: the segmen
 early as the cut rule allows:
 
 * A sentence that begins while the utterance holds at most half a segment of tokens (the eager
-  zone) is forwarded at every break (the end of a word, after a Han/kana character), so the talker
-  speaks the first words while the rest is written. The partial word after the last break waits
-  for its end; the talker could not use it yet anyway (its last token may still change).
+  zone) is forwarded as it arrives, all but a partial last word (the talker could not tokenize
+  that yet anyway: its token may still change), so the talker speaks the first words while the
+  rest is written.
 * A later sentence is forwarded once complete (``tts_common.text.IncrementalSentenceSplitter``)
   if it still fits the utterance; the first that does not starts the next utterance. The talker
   reads one text token per frame (80 ms), so it is well ahead by then and rarely waits for it.
-* A sentence begun in the eager zone that outgrows the utterance is cut at its last break that
-  fits (a sentence longer than a segment likewise); the rest starts the next utterance.
-* The next utterance's leading whitespace is dropped.
+* A sentence begun in the eager zone that outgrows the utterance is cut before its last word
+  that does not fit (a sentence longer than a segment likewise); the rest starts the next one.
+* A cut falls where the next sentence (or word) begins: the whitespace before it ends the
+  earlier utterance.
 
-Each decision depends on the text only, never on its split into deltas or their timing. For a
-text that fits one utterance, the talker gets exactly the client's text (whitespace included),
-so its audio is that of one Synthesize of the text with streaming text feeding.
+Each decision depends on the text only, never on its split into deltas or their timing (a
+property test pins this). For a text that fits one utterance, the talker gets exactly the
+client's text, so its audio is that of one Synthesize of the text with streaming text feeding.
 """
 
 from __future__ import annotations
@@ -77,18 +78,20 @@ class UtteranceCutter:
         self._sent = 0
         """Characters of ``_buffer`` sent to the talker."""
         self._open = False
-        self._sentence_start = offset
-        """Stream offset where the sentence being written began (after the last end sent)."""
-        self._trim = False
-        """Drop leading whitespace (an utterance started by a cut, not by the client)."""
+        self._last_end = offset
+        """Stream offset of the end of the utterance's last complete sentence (its start if none):
+        the sentence being written begins after it (and the whitespace that follows it)."""
         self._splitter = IncrementalSentenceSplitter()
         self._splitter_base = offset
         self._ends: list[int] = []
         """Stream offsets of the sentence ends known."""
-        self._breaks: list[int] = []
-        """Stream offsets of the breaks known (word ends, sentence ends, after Han/kana)."""
+        self._points: list[int] = []
+        """Stream offsets up to which text may be forwarded at once: after a whitespace
+        character, after a Han/kana character, at a sentence end."""
+        self._word_starts: list[int] = []
+        """Stream offsets where a word (or a Han/kana character) begins after a break: cuts."""
         self._scanned = offset
-        """Stream offset up to which breaks were looked for."""
+        """Stream offset up to which the text was scanned for those."""
 
     @property
     def is_open(self) -> bool:
@@ -104,7 +107,7 @@ class UtteranceCutter:
         """Add the next delta of the text."""
         new_ends = [self._splitter_base + s.end for s in self._splitter.push(delta)]
         self._buffer += delta
-        self._note_breaks(new_ends)
+        self._scan(new_ends)
         actions: list[TextAction] = []
         self._advance(actions)
         return actions
@@ -112,7 +115,7 @@ class UtteranceCutter:
     def flush(self) -> list[TextAction]:
         """The text so far is complete: end the current utterance (if it had nothing to speak,
         that text is dropped)."""
-        self._note_breaks([self._splitter_base + s.end for s in self._splitter.finish()])
+        self._scan([self._splitter_base + s.end for s in self._splitter.finish()])
         actions: list[TextAction] = []
         self._advance(actions)
         if self._open:
@@ -127,34 +130,42 @@ class UtteranceCutter:
         self._reset(self.offset)
 
     # --- internals --------------------------------------------------------------------------
-    def _note_breaks(self, new_ends: list[int]) -> None:
+    def _scan(self, new_ends: list[int]) -> None:
         self._ends.extend(new_ends)
         text, base = self._buffer, self._start
-        breaks = set(new_ends)
-        # A break at i needs text[i] known: scan up to the last character received.
-        for i in range(max(self._scanned - base, 1), len(text)):
-            left, right = text[i - 1], text[i]
-            if (right.isspace() and not left.isspace()) or (is_wide(left) and not right.isspace()):
-                breaks.add(base + i)
-        self._scanned = base + max(len(text), 1)
-        self._breaks = sorted({*self._breaks, *breaks})
+        points = set(new_ends)
+        for i in range(max(self._scanned - base, 0), len(text)):
+            ch = text[i]
+            if ch.isspace() or is_wide(ch):
+                points.add(base + i + 1)
+            if i > 0 and not ch.isspace() and (text[i - 1].isspace() or is_wide(text[i - 1])):
+                self._word_starts.append(base + i)
+        self._scanned = base + len(text)
+        self._points = sorted({*self._points, *points})
 
     def _tokens(self, end: int) -> int:
+        """Text tokens of the utterance's text up to stream offset ``end``."""
         return self._count(self._buffer[: end - self._start])
+
+    def _next_start(self, end: int) -> int | None:
+        """Where the text after the sentence end ``end`` begins (after its whitespace); None
+        while only whitespace has arrived after it."""
+        rest = self._buffer[end - self._start :]
+        stripped = rest.lstrip()
+        return None if not stripped else end + len(rest) - len(stripped)
 
     def _send(self, actions: list[TextAction], end: int) -> None:
         """Send ``_buffer[:end]`` (``end`` relative; opening the utterance if needed)."""
         if not self._open:
             actions.append(OpenUtterance(self._buffer[:end], self._start))
             self._open = True
-            self._trim = False
         elif end > self._sent:
             actions.append(AppendUtteranceText(self._buffer[self._sent : end]))
         self._sent = max(self._sent, end)
 
     def _cut(self, actions: list[TextAction], at: int) -> None:
-        """End the open utterance at ``_buffer[:at]`` (all of it sent); the next one starts after
-        ``at``, its leading whitespace dropped."""
+        """End the open utterance with ``_buffer[:at]`` (sent first); the next one starts after
+        ``at``, leading whitespace dropped."""
         self._send(actions, at)
         actions.append(EndUtterance())
         rest = self._buffer[at:]
@@ -163,38 +174,35 @@ class UtteranceCutter:
         self._buffer = stripped
         self._sent = 0
         self._open = False
-        self._sentence_start = self._start
-        self._trim = True
+        self._last_end = self._start
         self._ends = [e for e in self._ends if e > self._start]
-        self._breaks = [b for b in self._breaks if b > self._start]
+        self._points = [p for p in self._points if p > self._start]
+        self._word_starts = [w for w in self._word_starts if w > self._start]
 
     def _advance(self, actions: list[TextAction]) -> None:
         while True:
-            if self._trim and not self._open:
-                stripped = self._buffer.lstrip()
-                self._start += len(self._buffer) - len(stripped)
-                self._buffer = stripped
-            self._sentence_start = max(self._sentence_start, self._start)
             if not self._open and not has_speakable_text(self._buffer):
                 return
-            # Complete sentences that fit.
+            # Complete sentences that fit (one token left for the whitespace after them).
             overflow = False
-            for end in (e for e in self._ends if e > self._sentence_start):
-                if end <= self._start + self._sent:  # forwarded already, at its breaks
-                    self._sentence_start = end
-                    continue
-                if self._tokens(end) > self._size:
+            for end in (e for e in self._ends if e > self._last_end):
+                if self._tokens(end) >= self._size:
                     overflow = True
                     break
-                self._send(actions, end - self._start)
-                self._sentence_start = end
-            # The sentence being written: forwarded at its breaks if it began in the eager zone.
-            eager = self._tokens(self._sentence_start) <= self._eager_tokens
+                self._send(actions, max(end - self._start, self._sent))
+                self._last_end = end
+            # The sentence being written: forwarded as it comes if it began in the eager zone;
+            # else only the whitespace after the last sentence (it belongs to this utterance).
+            eager = self._tokens(self._last_end) <= self._eager_tokens
+            sent = self._start + self._sent
             if eager and not overflow:
-                for point in (b for b in self._breaks if b > self._start + self._sent):
+                for point in (p for p in self._points if p > sent):
                     if self._tokens(point) > self._size:
                         break
                     self._send(actions, point - self._start)
+            elif self._last_end > self._start and self._open:
+                after = self._next_start(self._last_end)
+                self._send(actions, (self.offset if after is None else after) - self._start)
             if not overflow and self._count(self._buffer) <= self._size:
                 return
             if not self._overflow(actions, eager):
@@ -202,13 +210,15 @@ class UtteranceCutter:
 
     def _overflow(self, actions: list[TextAction], eager: bool) -> bool:
         """The utterance's text outgrew it: cut (True), or wait for more text (False)."""
-        sentence_start = self._sentence_start - self._start
-        if not eager and sentence_start > 0:
-            self._cut(actions, sentence_start)  # before the sentence that does not fit
+        if not eager and self._last_end > self._start:
+            at = self._next_start(self._last_end)  # before the sentence that does not fit
+            if at is None:
+                return False
+            self._cut(actions, at - self._start)
             return True
         sent = self._start + self._sent
-        fitting = [b for b in self._breaks if b > sent and self._tokens(b) <= self._size]
-        if fitting:
+        fitting = [w for w in self._word_starts if w >= sent and self._tokens(w) <= self._size]
+        if fitting and fitting[-1] > self._start:
             self._cut(actions, fitting[-1] - self._start)
             return True
         if self._sent > 0:

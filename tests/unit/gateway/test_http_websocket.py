@@ -158,12 +158,12 @@ def test_failures_are_error_objects_and_close_codes() -> None:
             [{"type": "config", "voice": "vivian"}, {"type": "text", "text": "Hi there "}],
             4504,
             "deadline_exceeded",
-            "no message for 0.3 s",
+            "no message for 1 s",
         ),
     ]
 
     async def main() -> None:
-        async with Harness(http=True, frames=2, max_text_chars=20, text_idle_timeout_seconds=0.3) as h:
+        async with Harness(http=True, frames=2, max_text_chars=20, text_idle_timeout_seconds=1.0) as h:
             for messages, code, status, text in cases:
                 async with connect(ws_url(h)) as ws:
                     for message in messages:
