@@ -17,7 +17,9 @@ early as the cut rule allows:
 * A sentence begun in the eager zone that outgrows the utterance is cut before its last word
   that does not fit (a sentence longer than a segment likewise); the rest starts the next one.
 * A cut falls where the next sentence (or word) begins: the whitespace before it ends the
-  earlier utterance.
+  earlier utterance. Punctuation is never cut off alone: it stays with the utterance before,
+  even where that takes it a token or two over the size (the talker then caps the frame budget
+  to its slot).
 
 Each decision depends on the text only, never on its split into deltas or their timing (a
 property test pins this). For a text that fits one utterance, the talker gets exactly the
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.text import IncrementalSentenceSplitter, TokenCounter, has_speakable_text, segment_text
-from tts_common.text.chars import is_wide
+from tts_common.text.chars import is_speakable, is_wide
 
 
 @dataclass(frozen=True)
@@ -89,7 +91,9 @@ class UtteranceCutter:
         """Stream offsets up to which text may be forwarded at once: after a whitespace
         character, after a Han/kana character, at a sentence end."""
         self._word_starts: list[int] = []
-        """Stream offsets where a word (or a Han/kana character) begins after a break: cuts."""
+        """Stream offsets where a word (or a Han/kana character) begins after a break: where an
+        utterance may be cut inside a sentence (never before punctuation: the rest would have
+        nothing to speak)."""
         self._scanned = offset
         """Stream offset up to which the text was scanned for those."""
 
@@ -138,7 +142,7 @@ class UtteranceCutter:
             ch = text[i]
             if ch.isspace() or is_wide(ch):
                 points.add(base + i + 1)
-            if i > 0 and not ch.isspace() and (text[i - 1].isspace() or is_wide(text[i - 1])):
+            if i > 0 and is_speakable(ch) and (text[i - 1].isspace() or is_wide(text[i - 1])):
                 self._word_starts.append(base + i)
         self._scanned = base + len(text)
         self._points = sorted({*self._points, *points})
@@ -183,10 +187,11 @@ class UtteranceCutter:
         while True:
             if not self._open and not has_speakable_text(self._buffer):
                 return
-            # Complete sentences that fit (one token left for the whitespace after them).
+            # Complete sentences that fit. (The whitespace after an utterance's last sentence may
+            # take it one token over: the talker then caps the frame budget to its slot.)
             overflow = False
             for end in (e for e in self._ends if e > self._last_end):
-                if self._tokens(end) >= self._size:
+                if self._tokens(end) > self._size:
                     overflow = True
                     break
                 self._send(actions, max(end - self._start, self._sent))
@@ -212,8 +217,8 @@ class UtteranceCutter:
         """The utterance's text outgrew it: cut (True), or wait for more text (False)."""
         if not eager and self._last_end > self._start:
             at = self._next_start(self._last_end)  # before the sentence that does not fit
-            if at is None:
-                return False
+            if at is None or not has_speakable_text(self._buffer[at - self._start :]):
+                return False  # nothing to speak after the cut (yet): keep it in this utterance
             self._cut(actions, at - self._start)
             return True
         sent = self._start + self._sent
@@ -221,9 +226,11 @@ class UtteranceCutter:
         if fitting and fitting[-1] > self._start:
             self._cut(actions, fitting[-1] - self._start)
             return True
-        if self._sent > 0:
+        if self._sent > 0 and has_speakable_text(self._buffer[self._sent :]):
             self._cut(actions, self._sent)
             return True
+        if self._sent > 0:
+            return False
         # Not one word of the text fits a fresh utterance: the segmenter's error says so.
         segment_text(self._buffer, self._size, self._count)
         return False
