@@ -174,6 +174,10 @@ def test_failures_are_error_objects_and_close_codes() -> None:
                 assert error["error"]["code"] == status, (messages, error)
                 assert text in error["error"]["message"], (text, error)
                 assert ws.close_code == code, (messages, ws.close_code)
+            for _ in range(100):  # the idle stream's talker call is cancelled as the socket closes
+                if h.talker.active == 0:
+                    break
+                await asyncio.sleep(0.02)
             assert h.talker.active == 0
 
     run(main())
