@@ -202,6 +202,10 @@ class GatewayConfig:
     slot; tts_common.synthesis.segments). Larger values are capped to that. Smaller segments
     bring each segment's first audio sooner but more prosody breaks."""
 
+    text_idle_timeout_seconds: float = field(default=30.0, metadata=_POSITIVE_FLOAT)
+    """StreamingSynthesize: a stream whose text is still open ends with DEADLINE_EXCEEDED (its
+    talker slot freed) after this long without a client message and without audio sent."""
+
     segment_lookahead: int = field(default=1, metadata=_NON_NEGATIVE_INT)
     """Segments of a long text generated ahead of the one being streamed: the next segment takes a
     talker slot as soon as the current one has produced audio, so it is ready when the current one

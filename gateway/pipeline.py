@@ -23,6 +23,13 @@ down; not a request error), the pipeline moves it to another healthy replica of 
 Both are bounded (``FailoverPolicy``: attempts per stage, waiting time for a healthy replica,
 frames kept), logged with the request id and counted in ``qwen3tts_failovers_total``; the delay
 until the replacement's first new output goes to ``qwen3tts_failover_seconds``.
+
+Streamed text (``TalkerRequest.text_open``): the ``text`` iterable's ``AppendText`` / ``EndText``
+messages are written to the talker call as they come (a background task), after the request. The
+messages sent are kept, so a talker failover sends the replacement the request and then all of
+them at once: streamed text gives the same frames however its text arrives (the talker's
+incremental tokenizer commits a token only when later text cannot change it), so the regenerated
+frames still match the forwarded ones.
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar, cast
 
@@ -179,13 +186,14 @@ class SynthesisPipeline:
         metadata: Sequence[tuple[str, str]] = (),
         drain_timeout: float = 30.0,
         failover: FailoverPolicy | None = None,
+        text: AsyncIterable[stages_pb2.TalkerClientMessage] | None = None,
     ) -> None:
         """``talker`` / ``decoder``: the stages' replicas (the pipeline picks and replaces them),
         or a stub each (one call per stage, no failover: the interface before failover);
         ``timeout``: deadline of the whole utterance (the client's remaining time), given to
         every stage call; ``drain_timeout``: how long the decoder may stay silent once it has
         all frames; ``failover``: the bounds of replica failover (default
-        :class:`FailoverPolicy`)."""
+        :class:`FailoverPolicy`); ``text``: the text messages of a ``text_open`` request."""
         self._talker: _StageCall[stages_pb2_grpc.TalkerStub] = _StageCall(
             "talker", _replicas("talker", talker)
         )
@@ -207,6 +215,11 @@ class SynthesisPipeline:
         self._delivered = 0
         self._recovering: dict[str, float] = {}
         self._pump: asyncio.Task[None] | None = None
+        self._text = text
+        self._text_task: asyncio.Task[None] | None = None
+        self._text_sent: list[stages_pb2.TalkerClientMessage] = []
+        self._talker_lock = asyncio.Lock()
+        """Orders text writes against a talker failover's replay of the request and the text."""
         self.talker_done: stages_pb2.TalkerDone | None = None
         """The talker's final message, once received."""
 
@@ -237,6 +250,8 @@ class SynthesisPipeline:
         await self._connect(self._talker, None)
         await self._connect(self._decoder, None)
         self._pump = asyncio.create_task(self._run_talker(), name="talker->decoder")
+        if self._text is not None:
+            self._text_task = asyncio.create_task(self._forward_text(), name="text->talker")
 
     async def _connect(self, side: _StageCall[Any], cause: StageError | None) -> None:
         """Open ``side``'s call and send what it needs to catch up (the request; the start, the
@@ -261,7 +276,12 @@ class SynthesisPipeline:
         call = side.call
         assert call is not None
         if side is self._talker:
-            await self._write("talker", call, stages_pb2.TalkerClientMessage(request=self._talker_request))
+            async with self._talker_lock:
+                await self._write(
+                    "talker", call, stages_pb2.TalkerClientMessage(request=self._talker_request)
+                )
+                for message in self._text_sent:
+                    await self._write("talker", call, message)
             return
         await self._write("decoder", call, stages_pb2.DecoderClientMessage(start=self._decode_start))
         for chunk in self._frames.chunks():
@@ -319,6 +339,24 @@ class SynthesisPipeline:
         metrics.FAILOVER_SECONDS.labels(stage=metrics.STAGE_GATEWAY, peer=stage).observe(seconds)
         logger.info("failover %s request %s: resumed after %.3f s", stage, self.request_id, seconds)
 
+    async def _forward_text(self) -> None:
+        """The streamed text's messages -> talker, each kept for a failover's replay first. A
+        failed write is left to the frame pump, which sees the same failure and replaces the
+        call (replaying the kept messages) or ends the stream."""
+        assert self._text is not None
+        async for message in self._text:
+            async with self._talker_lock:
+                self._text_sent.append(message)
+                call = self._talker.call
+                if call is None:
+                    continue
+                with contextlib.suppress(StageError):
+                    await self._write("talker", call, message)
+
+    def _stop_text(self) -> None:
+        if self._text_task is not None and not self._text_task.done():
+            self._text_task.cancel()
+
     @staticmethod
     async def _write(stage: str, call: grpc.aio.StreamStreamCall, message: object) -> None:
         try:
@@ -372,6 +410,7 @@ class SynthesisPipeline:
                 self.talker_done = message.done
                 self._recovered("talker")
                 break
+        self._stop_text()  # a cancelled or finished generation takes no more text
         await self._forward(stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd()), None)
         call = self._talker.call
         if call is not None:
@@ -514,6 +553,10 @@ class SynthesisPipeline:
         cancel the decoder call and the forwarding task, end the replicas' in-flight counts.
         Idempotent, never raises."""
         talker, pump = self._talker.call, self._pump
+        self._stop_text()  # no text write may run alongside the Cancel write
+        if self._text_task is not None:
+            with contextlib.suppress(BaseException):
+                await self._text_task
         if talker is not None and not talker.done():
             try:
                 await asyncio.wait_for(

@@ -21,6 +21,7 @@ from tts_common.serving.server import build_server
 from .auth import ApiKeyInterceptor
 from .config import STAGE, GatewayConfig
 from .service import SynthesisService
+from .text_input import read_config
 
 SERVICE_NAME = service_name(tts_pb2, "TextToSpeech")
 
@@ -40,6 +41,23 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         with request_context(request_id):
             responses = self.service.synthesize(
                 request, request_id, received=received, time_remaining=context.time_remaining()
+            )
+            async for response in responses:
+                yield response
+
+    @handle_rpc_errors(stage=STAGE)
+    async def StreamingSynthesize(
+        self,
+        request_iterator: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
+        context: grpc.aio.ServicerContext,
+    ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+        received = time.monotonic()
+        messages = aiter(request_iterator)
+        config = await read_config(messages)
+        request_id = resolve_request_id(config.request_id, context)
+        with request_context(request_id):
+            responses = self.service.stream_synthesize(
+                config, messages, request_id, received=received, time_remaining=context.time_remaining()
             )
             async for response in responses:
                 yield response

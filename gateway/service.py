@@ -20,6 +20,7 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -49,6 +50,7 @@ from tts_common.synthesis.validation import (
     plan_sampling_options,
     talker_request,
 )
+from tts_common.text import TokenCounter
 
 from .audio_stream import AudioStream, OutputPlan
 from .cloning import ResolvedVoice, VoiceResolver
@@ -58,6 +60,7 @@ from .failover import FailoverPolicy
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
 from .pipeline import StageError
 from .routing import StageClient, tie_readiness
+from .text_stream import TextStream
 from .tokens import TalkerTokenCounter
 from .utterances import (
     SequenceSettings,
@@ -91,6 +94,37 @@ thousand characters); longer ones in a worker thread."""
 TalkerClient = StageClient[stages_pb2_grpc.TalkerStub]
 DecoderClient = StageClient[stages_pb2_grpc.DecoderStub]
 SpeakerClient = StageClient[stages_pb2_grpc.SpeakerStub]
+
+
+@dataclass(frozen=True)
+class PreparedRequest:
+    """A validated request with its voice resolved (Synthesize, or a StreamingSynthesize
+    configuration)."""
+
+    plan: SynthesisPlan
+    output_plan: OutputPlan
+    info: tts_pb2.ModelInfo
+    """The served model as clients see it."""
+    voice: ResolvedVoice
+    max_seq_len: int
+    """Positions of one talker slot (0: unknown)."""
+
+    def metadata(self, request_id: str) -> tts_pb2.SynthesizeResponse:
+        """The stream's first response."""
+        plan, out, info = self.plan, self.output_plan, self.info
+        return tts_pb2.SynthesizeResponse(
+            metadata=tts_pb2.SynthesisMetadata(
+                request_id=request_id,
+                sample_rate=out.sample_rate,
+                encoding=out.encoding,
+                model_type=info.model_type,
+                model_size=info.model_size,
+                model_name=info.model_name,
+                language=plan.language,
+                text_feeding=plan.text_feeding,
+                sampling=plan_sampling_options(plan),
+            )
+        )
 
 
 class SynthesisService:
@@ -304,6 +338,42 @@ class SynthesisService:
             finally:
                 metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
 
+    async def stream_synthesize(
+        self,
+        config: tts_pb2.SynthesizeRequest,
+        messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
+        request_id: str,
+        *,
+        received: float,
+        time_remaining: float | None = None,
+        speed: float = 1.0,
+    ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+        """The response stream of one StreamingSynthesize call (:mod:`gateway.text_stream`):
+        ``config`` is its first message (``gateway.text_input.read_config``), ``messages`` the
+        rest (text, flush, cancel) until the client's half-close."""
+        with self.admission():
+            metrics.TEXT_STREAMS.labels(stage=STAGE).inc()
+            try:
+                prepared = await self.prepare(config, request_id, time_remaining, streamed_text=True)
+                stream = TextStream(
+                    self,
+                    prepared,
+                    messages,
+                    request_id,
+                    received=received,
+                    time_remaining=time_remaining,
+                    speed=speed,
+                )
+                async for response in stream.responses():
+                    yield response
+            except StageError as exc:
+                if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
+                    self.model_info.invalidate()
+                raise
+            finally:
+                metrics.TEXT_STREAMS.labels(stage=STAGE).dec()
+                metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
+
     async def _synthesize(
         self,
         request: tts_pb2.SynthesizeRequest,
@@ -312,25 +382,17 @@ class SynthesisService:
         time_remaining: float | None,
         speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
-        talker_info = await self.model_info.get()
-        info = effective_model_info(talker_info)
-        plan, out = validate_synthesize(
-            request,
-            info,
-            self.limits,
-            self.config.default_first_chunk_frames,
-            self.config.default_max_chunk_frames,
-        )
+        prepared = await self.prepare(request, request_id, time_remaining)
+        plan, out, info, voice = prepared.plan, prepared.output_plan, prepared.info, prepared.voice
         native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
         output = AudioOutput(out.encoding, out.sample_rate, native_rate, speed=speed)
-        voice = await self.voice_resolver.resolve(plan, request_id, time_remaining, talker_info)
-        segments = await self._segments(plan, voice, talker_info.max_seq_len)
+        segments = await self._segments(plan, voice, prepared.max_seq_len)
         if len(segments) > 1:
             logger.info("text of %d characters spoken as %d segments", len(plan.text), len(segments))
         sequence = UtteranceSequence(
-            self.talker, self.decoder, self._sequence_settings(plan, info), time_remaining=time_remaining
+            self.talker, self.decoder, self.sequence_settings(plan, info), time_remaining=time_remaining
         )
-        plans = (self._utterance_plan(segment, request_id, voice, out) for segment in segments)
+        plans = (self.utterance_plan(segment, request_id, voice, out) for segment in segments)
         stream = AudioStream(out, output, received)
         try:
             async with contextlib.aclosing(sequence.events(plans_of(plans))) as events:
@@ -338,19 +400,7 @@ class SynthesisService:
                     if isinstance(event, UtteranceAudio):
                         yield await stream.chunk(event.samples)
                     elif isinstance(event, UtteranceStarted) and event.index == 0:
-                        yield tts_pb2.SynthesizeResponse(
-                            metadata=tts_pb2.SynthesisMetadata(
-                                request_id=request_id,
-                                sample_rate=out.sample_rate,
-                                encoding=out.encoding,
-                                model_type=info.model_type,
-                                model_size=info.model_size,
-                                model_name=info.model_name,
-                                language=plan.language,
-                                text_feeding=plan.text_feeding,
-                                sampling=plan_sampling_options(plan),
-                            )
-                        )
+                        yield prepared.metadata(request_id)
             final = await stream.finish()
             if final is not None:
                 yield final
@@ -362,24 +412,55 @@ class SynthesisService:
                 self.model_info.invalidate()
             raise
 
-    async def _segments(
+    async def prepare(
+        self,
+        request: tts_pb2.SynthesizeRequest,
+        request_id: str,
+        time_remaining: float | None,
+        *,
+        streamed_text: bool = False,
+    ) -> PreparedRequest:
+        """Validate a Synthesize request (or, ``streamed_text``, a StreamingSynthesize
+        configuration) against the served model and resolve its voice."""
+        talker_info = await self.model_info.get()
+        info = effective_model_info(talker_info)
+        plan, out = validate_synthesize(
+            request,
+            info,
+            self.limits,
+            self.config.default_first_chunk_frames,
+            self.config.default_max_chunk_frames,
+            streamed_text=streamed_text,
+        )
+        voice = await self.voice_resolver.resolve(plan, request_id, time_remaining, talker_info)
+        return PreparedRequest(plan, out, info, voice, talker_info.max_seq_len)
+
+    def segment_size(
         self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
-    ) -> list[SegmentPlan]:
-        """The request's segments (one for a text that fits a talker request), packed by the
-        talker's token counts up to the segment size this request's prompt leaves room for."""
+    ) -> tuple[int, TokenCounter]:
+        """The most text tokens one talker request of this request may take (the segment size
+        its prompt leaves room for), and the token counter they are counted with."""
         count = self.token_counter.counter()
         ref_frames = voice.ref_codes.num_frames if voice.ref_codes is not None else 0
         overhead = prompt_overhead(
             count, instruct=plan.instruct, ref_text=voice.ref_text, ref_frames=ref_frames
         )
         size = segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, self.config.segment_tokens)
+        return size, count
+
+    async def _segments(
+        self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
+    ) -> list[SegmentPlan]:
+        """The request's segments (one for a text that fits a talker request), packed by the
+        talker's token counts up to the segment size this request's prompt leaves room for."""
+        size, count = self.segment_size(plan, voice, max_seq_len)
         if len(plan.text) <= INLINE_SEGMENTING_CHARS:
             return plan_segments(plan, size, count)
         # Segmenting a chapter takes tens of milliseconds: off the event loop.
         return await asyncio.to_thread(plan_segments, plan, size, count)
 
     @staticmethod
-    def _utterance_plan(
+    def utterance_plan(
         segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
     ) -> UtterancePlan:
         """What the stages are sent for one segment."""
@@ -400,7 +481,7 @@ class SynthesisService:
             decode_start.prefix_codes.CopyFrom(voice.ref_codes)  # left context; its audio is not sent
         return UtterancePlan(message, decode_start, text_start=segment.start, text_end=segment.end)
 
-    def _sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings:
+    def sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings:
         """Lookahead, drain timeout and the silence stop (the request's switch over the server's)."""
         config = self.config
         on = config.silence_stop if plan.silence_stop is None else plan.silence_stop

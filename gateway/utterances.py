@@ -17,6 +17,12 @@ Silence stop: with a :class:`~tts_common.silence.SilenceStop`, each utterance's 
 through a :class:`~tts_common.silence.SilenceDetector`; when it stops one, the audio ends at the
 stop and the utterance's pipeline is closed at once (``Cancel``: its talker slot is freed).
 
+Streamed text and cancel: a plan may carry its talker request's text messages (``text``, for a
+``text_open`` request, forwarded as they come) and a ``cancelled`` event. Setting the event stops
+the utterance at once: no further audio of it is queued, its pipeline is closed (``Cancel``: its
+talker slot is freed at the next step), and it ends with FINISH_REASON_CANCELLED; the sequence
+goes on with the next plan. A plan cancelled before it started never reaches the stages.
+
 Closing the event iterator (client gone, deadline) cancels every utterance task, and each closes
 its pipeline, so every talker slot held is freed. A failure (a stage error, or the plan iterable
 raising) is raised where it occurs in the order, after the audio of the utterances before it.
@@ -60,6 +66,10 @@ class UtterancePlan:
     text_start: int = 0
     """Where the utterance's text lies in the request's text (for the summary)."""
     text_end: int = 0
+    text: AsyncIterable[stages_pb2.TalkerClientMessage] | None = None
+    """The text messages (AppendText..., EndText) of a ``text_open`` talker request."""
+    cancelled: asyncio.Event | None = None
+    """Set to stop the utterance (see the module doc)."""
 
 
 @dataclass(frozen=True)
@@ -90,7 +100,7 @@ class UtteranceDone:
     frames: int
     """Codec frames whose audio was delivered."""
     finish_reason: int
-    """``tts_pb2.FinishReason``: EOS, LENGTH or SILENCE."""
+    """``tts_pb2.FinishReason``: EOS, LENGTH, SILENCE or CANCELLED."""
     talker_done: stages_pb2.TalkerDone
     """The talker's final statistics (empty after a silence stop: the talker was cancelled)."""
 
@@ -124,6 +134,8 @@ class _Utterance:
     audible: asyncio.Event = field(default_factory=asyncio.Event)
     """Set once the utterance has produced audio or ended (the next one may start)."""
     task: asyncio.Task[None] | None = None
+    samples: int = 0
+    """Native samples queued so far."""
 
 
 class _End:
@@ -218,6 +230,9 @@ class UtteranceSequence:
         """One utterance through the stages; its events (or its error) go to its queue."""
         plan = utterance.plan
         try:
+            if plan.cancelled is not None and plan.cancelled.is_set():
+                utterance.events.put_nowait(self._cancelled(utterance, None))
+                return
             # The pipeline picks the replicas itself and moves to another one if a replica dies.
             pipeline = SynthesisPipeline(
                 self._talker,
@@ -228,11 +243,12 @@ class UtteranceSequence:
                 metadata=((REQUEST_ID_METADATA_KEY, plan.talker_request.request_id),),
                 drain_timeout=self._settings.drain_timeout,
                 failover=self._settings.failover,
+                text=plan.text,
             )
             try:
                 await pipeline.start()
                 utterance.events.put_nowait(UtteranceStarted(utterance.index))
-                done = await self._stream(utterance, pipeline)
+                done = await self._stream_until_cancelled(utterance, pipeline)
             finally:
                 await pipeline.close()  # a silence stop's Cancel frees the slot here
             utterance.events.put_nowait(done)
@@ -240,6 +256,38 @@ class UtteranceSequence:
             utterance.events.put_nowait(exc)
         finally:
             utterance.audible.set()
+
+    async def _stream_until_cancelled(
+        self, utterance: _Utterance, pipeline: SynthesisPipeline
+    ) -> UtteranceDone:
+        """:meth:`_stream`, stopped as soon as the plan's ``cancelled`` event is set."""
+        cancelled = utterance.plan.cancelled
+        if cancelled is None:
+            return await self._stream(utterance, pipeline)
+        stream = asyncio.ensure_future(self._stream(utterance, pipeline))
+        cancel = asyncio.ensure_future(cancelled.wait())
+        try:
+            await asyncio.wait({stream, cancel}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            cancel.cancel()
+            if not stream.done():
+                stream.cancel()
+            await asyncio.gather(stream, cancel, return_exceptions=True)
+        if cancelled.is_set():
+            return self._cancelled(utterance, pipeline)
+        return stream.result()
+
+    def _cancelled(self, utterance: _Utterance, pipeline: SynthesisPipeline | None) -> UtteranceDone:
+        done = pipeline.talker_done if pipeline is not None else None
+        return UtteranceDone(
+            index=utterance.index,
+            plan=utterance.plan,
+            start_sample=0,
+            num_samples=utterance.samples,
+            frames=utterance.samples // self._settings.frame_samples,
+            finish_reason=tts_pb2.FINISH_REASON_CANCELLED,
+            talker_done=done or stages_pb2.TalkerDone(),
+        )
 
     async def _stream(self, utterance: _Utterance, pipeline: SynthesisPipeline) -> UtteranceDone:
         """Forward the decoder's PCM into the utterance's queue, through the silence stop."""
@@ -257,8 +305,11 @@ class UtteranceSequence:
                 if keep is not None:
                     audio = audio[:keep]
                 if audio.size:
+                    if utterance.plan.cancelled is not None and utterance.plan.cancelled.is_set():
+                        return self._cancelled(utterance, pipeline)  # cancelled meanwhile
                     utterance.events.put_nowait(UtteranceAudio(utterance.index, audio))
                     samples += audio.size
+                    utterance.samples = samples
                     utterance.audible.set()
                 if keep is not None:
                     logger.info(

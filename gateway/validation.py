@@ -52,9 +52,12 @@ def validate_synthesize(
     limits: RequestLimits,
     default_first_chunk_frames: int,
     default_max_chunk_frames: int,
+    *,
+    streamed_text: bool = False,
 ) -> tuple[SynthesisPlan, OutputPlan]:
-    """The synthesis plan (shared validator) and the output plan of a Synthesize request."""
-    plan = plan_synthesis(request, info, limits)
+    """The synthesis plan (shared validator) and the output plan of a Synthesize request, or with
+    ``streamed_text`` of a StreamingSynthesize configuration (see ``plan_synthesis``)."""
+    plan = plan_synthesis(request, info, limits, streamed_text=streamed_text)
     return plan, plan_output(request, info, default_first_chunk_frames, default_max_chunk_frames)
 
 

@@ -3,7 +3,7 @@
 synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
 make-dev-model  write a small random checkpoint in the official layout
 up              run the four stage processes locally (dev checkpoint when no --model)
-say             call Synthesize on a running gateway and write a WAV file
+say             call Synthesize (or, --stream-text, StreamingSynthesize with stdin) on a running gateway; write a WAV
 health          exit 0 iff servers report SERVING: gRPC health, or HTTP /health (container probes)
 """
 
@@ -215,7 +215,13 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 def _add_say(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("say", help="synthesize through a running gateway into a WAV file")
-    p.add_argument("text")
+    p.add_argument("text", nargs="?", default="", help="the text (not with --stream-text)")
+    p.add_argument(
+        "--stream-text",
+        action="store_true",
+        help="read the text from standard input and send it to StreamingSynthesize as it arrives "
+        "(e.g. `llm ... | qwen3-tts say --stream-text`): speech starts after the first words",
+    )
     p.add_argument("-o", "--out", type=Path, default=Path("out.wav"))
     p.add_argument("--gateway", default="127.0.0.1:50051")
     p.add_argument("--speaker")

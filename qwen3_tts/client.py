@@ -1,10 +1,16 @@
-"""``qwen3-tts say``: a small streaming client of the gateway's ``Synthesize``."""
+"""``qwen3-tts say``: a small streaming client of the gateway's ``Synthesize``, or with
+``--stream-text`` of ``StreamingSynthesize``: standard input is sent as it arrives (pipe the
+output of a program that writes text progressively into it)."""
 
 from __future__ import annotations
 
 import argparse
+import codecs
+import os
 import sys
 import time
+from collections.abc import Iterable, Iterator
+from typing import BinaryIO
 
 import grpc
 import numpy as np
@@ -12,8 +18,11 @@ import soundfile as sf
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
+STDIN_READ_BYTES = 4096
+
 
 def build_request(args: argparse.Namespace) -> tts_pb2.SynthesizeRequest:
+    """The Synthesize request of ``args`` (with ``--stream-text``: the configuration, no text)."""
     sampling = tts_pb2.SamplingOptions()
     if args.greedy:
         sampling.do_sample = False
@@ -23,7 +32,7 @@ def build_request(args: argparse.Namespace) -> tts_pb2.SynthesizeRequest:
     if args.max_new_tokens is not None:
         sampling.max_new_tokens = args.max_new_tokens
     req = tts_pb2.SynthesizeRequest(
-        text=args.text,
+        text="" if args.stream_text else args.text,
         language=args.language,
         instruct=args.instruct or "",
         sampling=sampling,
@@ -41,7 +50,32 @@ def build_request(args: argparse.Namespace) -> tts_pb2.SynthesizeRequest:
     return req
 
 
+def text_deltas(stream: BinaryIO, read_bytes: int = STDIN_READ_BYTES) -> Iterator[str]:
+    """The text of ``stream`` as it arrives: whatever each read returns (a pipe's read returns as
+    soon as anything was written), decoded as UTF-8 without splitting a character."""
+    decoder = codecs.getincrementaldecoder("utf-8")(errors="replace")
+    fd = stream.fileno()
+    while data := os.read(fd, read_bytes):
+        if text := decoder.decode(data):
+            yield text
+    if tail := decoder.decode(b"", final=True):
+        yield tail
+
+
+def streaming_messages(
+    config: tts_pb2.SynthesizeRequest, deltas: Iterable[str]
+) -> Iterator[tts_pb2.StreamingSynthesizeRequest]:
+    """StreamingSynthesize's client messages: the configuration, then one per delta."""
+    yield tts_pb2.StreamingSynthesizeRequest(config=config)
+    for delta in deltas:
+        yield tts_pb2.StreamingSynthesizeRequest(text=delta)
+
+
 def say(args: argparse.Namespace) -> int:
+    """Run ``qwen3-tts say``: write the audio to ``args.out``; 1 on an RPC error."""
+    if not args.stream_text and not args.text:
+        print("error: give the text, or --stream-text to read it from standard input", file=sys.stderr)
+        return 2
     metadata = [("authorization", f"Bearer {args.api_key}")] if args.api_key else None
     t0 = time.monotonic()
     pieces: list[np.ndarray] = []
@@ -49,8 +83,13 @@ def say(args: argparse.Namespace) -> int:
     summary = None
     with grpc.insecure_channel(args.gateway) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
+        if args.stream_text:
+            messages = streaming_messages(build_request(args), text_deltas(sys.stdin.buffer))
+            responses = stub.StreamingSynthesize(messages, timeout=args.timeout, metadata=metadata)
+        else:
+            responses = stub.Synthesize(build_request(args), timeout=args.timeout, metadata=metadata)
         try:
-            for response in stub.Synthesize(build_request(args), timeout=args.timeout, metadata=metadata):
+            for response in responses:
                 kind = response.WhichOneof("payload")
                 if kind == "metadata":
                     sample_rate = response.metadata.sample_rate or sample_rate
@@ -74,9 +113,10 @@ def say(args: argparse.Namespace) -> int:
     sf.write(args.out, audio, sample_rate, subtype="FLOAT")
     print(file=sys.stderr)
     if summary is not None:
+        waited = f", talker waited {summary.text_wait_ms:.0f} ms for text" if args.stream_text else ""
         print(
             f"{args.out}: {summary.audio_seconds:.2f} s audio, {summary.frames} frames, first audio "
             f"{summary.time_to_first_audio_ms:.0f} ms, RTF {summary.rtf:.2f} "
-            f"({tts_pb2.FinishReason.Name(summary.finish_reason)})"
+            f"({tts_pb2.FinishReason.Name(summary.finish_reason)}){waited}"
         )
     return 0

@@ -68,6 +68,12 @@ class PermissionDeniedError(TTSError):
     grpc_status: ClassVar[str] = "PERMISSION_DENIED"
 
 
+class DeadlineExceededError(TTSError):
+    """A time limit of the request ran out (e.g. a streamed text left idle too long)."""
+
+    grpc_status: ClassVar[str] = "DEADLINE_EXCEEDED"
+
+
 class FailedPreconditionError(TTSError):
     """The system is not in a state that allows the operation (e.g. a protocol violation inside
     a bidi stream: chunks before the start message)."""
@@ -78,6 +84,7 @@ class FailedPreconditionError(TTSError):
 __all__ = [
     "AlreadyExistsError",
     "CapacityError",
+    "DeadlineExceededError",
     "FailedPreconditionError",
     "InvalidRequestError",
     "NotFoundError",

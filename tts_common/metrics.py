@@ -135,6 +135,16 @@ STALLED_FRAMES = Counter(
     "Frames delayed because a streamed-text request had used up its text (waits entered).",
     ["stage"],
 )
+TEXT_STREAMS = Gauge(
+    PREFIX + "text_streams",
+    "StreamingSynthesize streams (incremental text input) open now.",
+    ["stage"],
+)
+CANCELLED_UTTERANCES = Counter(
+    PREFIX + "cancelled_utterances_total",
+    "Utterances of StreamingSynthesize streams stopped by the client's cancel (barge-in).",
+    ["stage"],
+)
 AUDIO_SECONDS = Counter(
     PREFIX + "audio_seconds_total",
     "Seconds of audio produced.",
@@ -187,6 +197,8 @@ _ALL = (
     GENERATED_FRAMES,
     TEXT_WAIT_TIME,
     STALLED_FRAMES,
+    TEXT_STREAMS,
+    CANCELLED_UTTERANCES,
     AUDIO_SECONDS,
     UTTERANCES,
     CACHE_LOOKUPS,

@@ -19,10 +19,8 @@ not serving: starting up or shutting down):
 * ``GET /`` — the playground page (static, shipped with the package; no key needed for the page,
   it sends the key it is given).
 
-Not here yet: WebSocket ``/v1/audio/speech/stream`` (incremental text in, audio out) needs the
-gateway's ``StreamingSynthesize`` (another issue). It belongs in :func:`create_app` as one more
-route over the service, with :mod:`.errors` mapping its failures (a close code and an error
-message); the playground's "type as you speak" mode is left out until then.
+* ``WebSocket /v1/audio/speech/stream`` — text in as it is written, audio out as it is spoken
+  (StreamingSynthesize; :mod:`.websocket`); the playground's "type as you speak" mode uses it.
 """
 
 from __future__ import annotations
@@ -34,7 +32,7 @@ from importlib import resources
 from typing import Annotated, Any
 
 import grpc
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse
 from google.protobuf.json_format import MessageToDict
 
@@ -53,6 +51,7 @@ from .limits import BodySizeLimit
 from .schemas import SpeechRequest
 from .speech import synthesize_request
 from .streaming import SynthesisResponse, audio_bytes, sse_events
+from .websocket import STREAM_PATH, SpeechStream
 
 logger = logging.getLogger(__name__)
 
@@ -272,6 +271,11 @@ def create_app(api: HttpApi) -> FastAPI:
         return await api.delete_voice(voice_id)
 
     app.include_router(v1)
+
+    @app.websocket(STREAM_PATH)
+    async def speech_stream(websocket: WebSocket) -> None:
+        # Readiness and the API key are checked on the connection (errors as close codes).
+        await SpeechStream(api, websocket).run()
 
     page = playground_html()
 

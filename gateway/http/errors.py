@@ -108,7 +108,7 @@ def _with_retry_after(status: int) -> dict[str, str]:
 def http_error(exc: BaseException) -> HttpError:
     """The HTTP status, message and headers of ``exc`` (any exception)."""
     if isinstance(exc, RequestValidationError):
-        return _validation_error(exc.errors())
+        return validation_error(exc.errors())
     if isinstance(exc, HTTPException):
         code = _GRPC_FOR_HTTP.get(exc.status_code, grpc.StatusCode.UNKNOWN)
         return HttpError(
@@ -127,7 +127,7 @@ def http_error(exc: BaseException) -> HttpError:
     return HttpError(status, code, message, headers=_with_retry_after(status))
 
 
-def _validation_error(errors: Sequence[Any]) -> HttpError:
+def validation_error(errors: Sequence[Any]) -> HttpError:
     """FastAPI/pydantic body errors: 400 (OpenAI's status for bad parameters, not 422) naming
     every offending field; ``param`` is the first one."""
     parts, params = [], []
@@ -188,4 +188,5 @@ __all__ = [
     "http_error",
     "install_error_handlers",
     "log_and_count",
+    "validation_error",
 ]

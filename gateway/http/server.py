@@ -89,7 +89,8 @@ class HttpServer:
                 log_config=None,  # the process's logging setup
                 access_log=False,
                 server_header=False,
-                ws="none",  # no WebSocket route yet (see gateway.http.app)
+                ws="websockets-sansio",  # /v1/audio/speech/stream (websockets' current API)
+                ws_max_size=config.http_max_body_bytes,  # one text message at most like a body
                 **tls,  # type: ignore[arg-type]
             )
         )

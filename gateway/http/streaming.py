@@ -20,7 +20,6 @@ import base64
 import json
 import logging
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
 
 import grpc
 from google.protobuf.descriptor import FieldDescriptor
@@ -52,28 +51,25 @@ async def audio_bytes(responses: Responses, where: str) -> AsyncIterator[bytes]:
     count(grpc.StatusCode.OK)
 
 
-def summary_object(summary: tts_pb2.SynthesisSummary) -> dict[str, object]:
-    """The ``SynthesisSummary`` as JSON: every field, numbers as numbers (proto JSON would quote
-    64-bit integers), enums (finish reasons) by name, per-segment summaries as objects."""
-    return _message_object(summary)
+def summary_object(summary: Message) -> dict[str, object]:
+    """A ``SynthesisSummary`` (or ``UtteranceEnd``) as JSON: every field, numbers as numbers (proto
+    JSON would quote 64-bit integers), enums (the finish reasons) by name, repeated fields as
+    lists."""
 
-
-def _message_object(message: Message) -> dict[str, object]:
-    def value_of(field: FieldDescriptor, value: Any) -> object:
+    def value(field: FieldDescriptor, raw: object) -> object:
         if field.message_type is not None:
-            return _message_object(value)
+            return summary_object(raw)  # type: ignore[arg-type]
         if field.enum_type is not None:
-            known = field.enum_type.values_by_number.get(value)
-            return known.name if known is not None else value
-        return value
+            return field.enum_type.values_by_number[raw].name  # type: ignore[index]
+        return raw
 
     result: dict[str, object] = {}
-    for field in message.DESCRIPTOR.fields:
-        value = getattr(message, field.name)
+    for field in summary.DESCRIPTOR.fields:
+        raw = getattr(summary, field.name)
         if field.is_repeated:
-            result[field.name] = [value_of(field, item) for item in value]
+            result[field.name] = [value(field, item) for item in raw]
         else:
-            result[field.name] = value_of(field, value)
+            result[field.name] = value(field, raw)
     return result
 
 

@@ -114,6 +114,16 @@ def model_info(model_type: str) -> stages_pb2.TalkerInfo:
     )
 
 
+async def _first_of(*events: asyncio.Event) -> None:
+    """Wait until one of ``events`` is set."""
+    waits = [asyncio.ensure_future(e.wait()) for e in events]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for wait in waits:
+            wait.cancel()
+
+
 class FakeTalker(stages_pb2_grpc.TalkerServicer):
     """Emits ``frames`` frames ``delay`` seconds apart; honours Cancel and call cancellation."""
 
@@ -139,6 +149,10 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         self.finished_at: list[float] = []
         """loop.time() when each Generate call started / ended (in order of the events)."""
         self.requests: list[stages_pb2.TalkerRequest] = []
+        self.texts: dict[str, str] = {}
+        """Request id -> the whole text of a ``text_open`` request, once its EndText arrived."""
+        self.text_messages: dict[str, list[str]] = {}
+        """Request id -> the text messages of a ``text_open`` request as received ("<end>" last)."""
         self.cancel_messages = 0
         self.cancelled_calls = 0
         self.stop_exceptions: list[str] = []
@@ -191,24 +205,48 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         if request.text == "talker-reject":
             await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake talker rejects this")
         cancel = asyncio.Event()
+        text = [request.text]
+        text_arrived = asyncio.Event()
+        text_ended = asyncio.Event()
+        if not request.text_open:
+            text_ended.set()
+        if request.text or not request.text_open:
+            text_arrived.set()
+        received = self.text_messages.setdefault(request.request_id, [])
 
         async def watch() -> None:
             async for message in request_iterator:
-                if message.WhichOneof("message") == "cancel":
+                kind = message.WhichOneof("message")
+                if kind == "cancel":
                     self.cancel_messages += 1
                     cancel.set()
                     return
+                if kind == "append_text":
+                    text.append(message.append_text.text)
+                    received.append(message.append_text.text)
+                    text_arrived.set()
+                elif kind == "end_text":
+                    received.append("<end>")
+                    self.texts[request.request_id] = "".join(text)
+                    text_arrived.set()
+                    text_ended.set()
 
         watcher = asyncio.create_task(watch())
         n, reason = self.frames_by_text.get(request.text, self.frames), tts_pb2.FINISH_REASON_EOS
         if request.sampling.HasField("max_new_tokens") and request.sampling.max_new_tokens - 1 < n:
             n, reason = request.sampling.max_new_tokens - 1, tts_pb2.FINISH_REASON_LENGTH
+        # Like the real talker: a text_open request starts once it has text (waits on Cancel too).
+        await _first_of(text_arrived, cancel)
         self.started.set()
         self.active += 1
         self.max_active = max(self.max_active, self.active)
         self.started_at.append(asyncio.get_running_loop().time())
         try:
-            for f in range(n):
+            for f in range(n + 1):
+                if f == n:  # a text_open request ends only after its text (it waits in its slot)
+                    await _first_of(text_ended, cancel)
+                    if not cancel.is_set():
+                        break
                 await asyncio.sleep(self.delay)
                 if cancel.is_set():
                     self.stopped.set()

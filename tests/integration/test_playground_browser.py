@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from pathlib import Path
 
 import numpy as np
@@ -76,4 +77,59 @@ def test_playground_speaks_in_chromium(tmp_path: Path) -> None:
     assert isinstance(state["rtf"], (int, float)) and state["rtf"] > 0
     ttfa, rtf, received, played = page["shown"]  # type: ignore[misc]
     assert ttfa.endswith(" ms") and rtf != "–" and received == played == str(expected.size)
+    assert screenshot.read_bytes().startswith(b"\x89PNG")
+
+
+LIVE_TEXT = ["Hello the", "re, typed ", "while it speaks."]
+
+
+def _type_as_you_speak(browser: Browser, url: str, screenshot: Path) -> dict[str, object]:
+    """Type-as-you-speak mode: Start, type in pieces, End; wait until everything was played."""
+    browser.open(url + "/")
+    browser.wait_for("document.querySelectorAll('#voice option').length > 0", 20, "the voice picker")
+    browser.click("#live")
+    browser.evaluate("document.getElementById('text').value = ''")
+    browser.click("#speak")
+    browser.wait_for("playground.live === 'open'", 20, "the WebSocket to open")
+    for piece in LIVE_TEXT:
+        browser.evaluate(
+            "(() => { const t = document.getElementById('text'); t.value += "
+            + repr(piece).replace("'", '"')
+            + "; t.dispatchEvent(new Event('input')); })()"
+        )
+        time.sleep(0.1)
+    browser.click("#end")
+    browser.wait_for("document.body.dataset.state === 'done'", 30, "the summary")
+    browser.wait_for(
+        "playground.samplesPlayed > 0 && playground.samplesPlayed === playground.samplesReceived",
+        30,
+        "the page to play every sample it received",
+    )
+    browser.screenshot(screenshot)
+    return browser.evaluate(
+        "({state: playground, pcm: playground.pcm.flatMap(chunk => Array.from(chunk)),"
+        " status: document.body.dataset.state})"
+    )
+
+
+def test_type_as_you_speak_in_chromium(tmp_path: Path) -> None:
+    assert CHROMIUM is not None
+    screenshot = Path(os.environ.get("QWEN3TTS_SCREENSHOT_DIR") or tmp_path) / "playground-live.png"
+    screenshot.parent.mkdir(parents=True, exist_ok=True)
+
+    async def main() -> tuple[dict[str, object], dict[str, str]]:
+        async with Harness(frames=FRAMES, delay=0.01, http=True) as h:
+            with chromium(CHROMIUM) as browser:
+                page = await asyncio.to_thread(_type_as_you_speak, browser, h.http_url, screenshot)
+            assert h.service.active_streams == 0
+            return page, dict(h.talker.texts)
+
+    page, texts = run(main(), timeout=120)
+    assert list(texts.values()) == ["".join(LIVE_TEXT)]  # typed in pieces: one text_open request
+    state = page["state"]
+    assert isinstance(state, dict)
+    expected = np.frombuffer(float_to_pcm16(expected_signal(FRAMES)), dtype="<i2")
+    assert state["samplesReceived"] == state["samplesPlayed"] == expected.size
+    assert np.array_equal(np.asarray(page["pcm"], dtype=np.int16), expected)
+    assert state["error"] is None and state["utterances"] == 1 and state["live"] == "closed"
     assert screenshot.read_bytes().startswith(b"\x89PNG")

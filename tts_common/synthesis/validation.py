@@ -252,11 +252,24 @@ def plan_sampling(
 
 
 def plan_synthesis(
-    request: tts_pb2.SynthesizeRequest, info: tts_pb2.ModelInfo, limits: RequestLimits
+    request: tts_pb2.SynthesizeRequest,
+    info: tts_pb2.ModelInfo,
+    limits: RequestLimits,
+    *,
+    streamed_text: bool = False,
 ) -> SynthesisPlan:
     """Check a request against the served model and resolve its defaults (reference audio is
-    checked cheaply here and decoded by :func:`decode_reference`)."""
-    text = check_text(request.text, limits.max_text_chars)
+    checked cheaply here and decoded by :func:`decode_reference`).
+
+    ``streamed_text``: ``request`` is the configuration of a StreamingSynthesize stream: its
+    ``text`` must be empty (the text arrives later; the plan's text is ""), and text feeding
+    DEFAULT means STREAMING (the talker reads the text as it arrives)."""
+    if streamed_text:
+        if request.text:
+            raise InvalidRequestError("config.text must be empty: send the text in `text` messages")
+        text = ""
+    else:
+        text = check_text(request.text, limits.max_text_chars)
     language = resolve_language(request.language, info)
     kind: VoiceKind = request.WhichOneof("voice") or "none"  # type: ignore[assignment]
     check_voice_kind(kind, info)
@@ -268,6 +281,8 @@ def plan_synthesis(
         check_clone(clone, limits)
     instruct = check_instruct(request.instruct, info, limits)
     text_feeding = resolve_text_feeding(request.text_feeding, info)
+    if streamed_text and request.text_feeding == tts_pb2.TEXT_FEEDING_DEFAULT:
+        text_feeding = tts_pb2.TEXT_FEEDING_STREAMING
     sampling, max_new_tokens = plan_sampling(request.sampling, info)
     return SynthesisPlan(
         text=text,

@@ -98,6 +98,7 @@ def _methods(pb2: ModuleType, service: str) -> dict[str, tuple[bool, bool, str, 
 def test_service_shapes() -> None:
     assert _methods(tts_pb2, "TextToSpeech") == {
         "Synthesize": (False, True, "SynthesizeRequest", "SynthesizeResponse"),
+        "StreamingSynthesize": (True, True, "StreamingSynthesizeRequest", "SynthesizeResponse"),
         "ListVoices": (False, False, "ListVoicesRequest", "ListVoicesResponse"),
         "RegisterVoice": (False, False, "RegisterVoiceRequest", "Voice"),
         "DeleteVoice": (False, False, "DeleteVoiceRequest", "DeleteVoiceResponse"),

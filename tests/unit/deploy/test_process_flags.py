@@ -60,6 +60,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--failover-wait-seconds": 3.0,
         "--failover-max-frames": 4096,
         "--segment-tokens": 0,
+        "--text-idle-timeout-seconds": 30.0,
         "--segment-lookahead": 1,
         "--no-silence-stop": True,
         "--silence-threshold-dbfs": -45.0,
