@@ -154,6 +154,49 @@ def test_talker_lost_mid_stream_regenerates_checks_and_skips() -> None:
     run(main())
 
 
+def test_talker_failover_replays_the_streamed_text_sent_so_far() -> None:
+    """A ``text_open`` request's replacement talker gets the request and then every text message
+    the lost one had, before the text still to come: streamed text gives the same frames however
+    it arrives, so the regenerated frames match and the audio goes on without a seam."""
+
+    async def main() -> None:
+        later: asyncio.Queue[str | None] = asyncio.Queue()
+
+        async def text() -> Any:
+            for piece in ("hel", "lo wor"):
+                yield stages_pb2.TalkerClientMessage(append_text=stages_pb2.AppendText(text=piece))
+            while (piece := await later.get()) is not None:
+                yield stages_pb2.TalkerClientMessage(append_text=stages_pb2.AppendText(text=piece))
+            yield stages_pb2.TalkerClientMessage(end_text=stages_pb2.EndText())
+
+        async with Replicas() as stack:
+            pipeline = SynthesisPipeline(
+                stack.talker,
+                stack.decoder,
+                stages_pb2.TalkerRequest(request_id="req-1", text_open=True),
+                stages_pb2.DecodeStart(request_id="req-1", first_chunk_frames=2, max_chunk_frames=4),
+                failover=FailoverPolicy(attempts=2, wait_seconds=2.0),
+                text=text(),
+            )
+            async with pipeline:
+
+                async def kill_then_finish_the_text() -> None:
+                    lost = _busy(stack.talkers, "requests")
+                    await stack.kill(lost)
+                    later.put_nowait("ld")
+                    later.put_nowait(None)
+
+                audio = await _audio(pipeline, after_chunks=3, action=kill_then_finish_the_text)
+            np.testing.assert_array_equal(audio, expected_signal(FRAMES))
+            assert pipeline.failovers == {"talker": 1, "decoder": 0}
+            lost, replacement = sorted(stack.talkers, key=lambda t: "req-1" in t.texts)
+            assert lost.text_messages["req-1"] == ["hel", "lo wor"]
+            assert replacement.text_messages["req-1"] == ["hel", "lo wor", "ld", "<end>"]
+            assert replacement.texts["req-1"] == "hello world"
+
+    run(main())
+
+
 def test_talker_failover_refuses_to_splice_different_frames() -> None:
     async def main() -> None:
         before = _failovers("talker", "refused")
