@@ -79,10 +79,14 @@ from .voices import StoredVoice, VoiceStore, new_voice_id
 logger = logging.getLogger(__name__)
 
 _RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
-    # A restarted stage is used again within seconds (gRPC's default backoff grows to 120 s).
-    ("grpc.initial_reconnect_backoff_ms", 500),
-    ("grpc.min_reconnect_backoff_ms", 500),
-    ("grpc.max_reconnect_backoff_ms", 5000),
+    # A stage that starts after the gateway, or restarts, is used again within about a second:
+    # gRPC's default backoff grows to 120 s, and while a channel backs off its calls fail at once
+    # and its health checks cannot see the replica recover, so a wait for a healthy replica
+    # (--failover-wait-seconds, 3 s) must outlast one backoff. Reconnecting to a dead loopback or
+    # in-cluster peer once a second costs nothing worth saving.
+    ("grpc.initial_reconnect_backoff_ms", 250),
+    ("grpc.min_reconnect_backoff_ms", 250),
+    ("grpc.max_reconnect_backoff_ms", 1000),
 )
 
 NATIVE_FRAME_RATE = 12.5
