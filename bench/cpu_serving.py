@@ -37,6 +37,7 @@ import os
 import platform
 import random
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -276,34 +277,24 @@ def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace)
 # The official implementation
 
 
-def bench_official(model: Path, dtype: str, speaker: str, max_new_tokens: int) -> dict[str, Any]:
-    """``qwen_tts`` on the same checkpoint (its public API: ``Qwen3TTSModel.from_pretrained`` and
-    ``generate_custom_voice``); any failure is reported, not raised."""
-    try:
-        from qwen_tts import Qwen3TTSModel  # type: ignore[import-not-found]
-    except ImportError as exc:
-        return {"skipped": f"qwen_tts not importable: {exc}"}
-    try:
-        tts = Qwen3TTSModel.from_pretrained(str(model), device_map="cpu", dtype=getattr(torch, dtype))
-        kwargs = {"language": "English", "speaker": speaker, "max_new_tokens": max_new_tokens}
-        out: dict[str, Any] = {}
-        for batch in (1, OFFICIAL_BATCH):
-            texts = [TEXT] * batch
-            t0 = time.perf_counter()
-            wavs, sr = tts.generate_custom_voice(text=texts if batch > 1 else TEXT, **kwargs)
-            seconds = time.perf_counter() - t0
-            audio_s = sum(len(w) for w in wavs) / sr
-            out[f"batch_{batch}"] = {
-                "seconds": round(seconds, 3),
-                "audio_seconds": round(audio_s, 3),
-                "audio_seconds_per_second": round(audio_s / seconds, 3),
-                "ms_per_frame_incl_decode": round(
-                    1000 * seconds / max(audio_s / batch * FRAME_RATE, 1e-9), 1
-                ),
-            }
-        return out
-    except Exception as exc:  # noqa: BLE001 - a third-party API: report whatever it raises
-        return {"failed": f"{type(exc).__name__}: {exc}"}
+def bench_official(
+    model: Path, dtype: str, speaker: str, max_new_tokens: int, python: Path | None = None
+) -> dict[str, Any]:
+    """``qwen_tts`` on the same checkpoint, one request and a batch of 8 (``official_tts.py``):
+    in this process, or, with ``python`` (the interpreter of an environment where qwen_tts is
+    installed, e.g. ``../shared/qwen3-tts/official-env.sh DIR`` gives ``DIR/bin/python``), in a
+    child process of it. Any failure is reported, not raised."""
+    import official_tts
+
+    if python is None:
+        return official_tts.bench(model, dtype, speaker, max_new_tokens, TEXT, OFFICIAL_BATCH)
+    args = [str(python), str(Path(official_tts.__file__)), str(model), dtype, speaker]
+    args += [str(max_new_tokens), TEXT, str(OFFICIAL_BATCH)]
+    proc = subprocess.run(args, capture_output=True, text=True)
+    if proc.returncode != 0:
+        return {"failed": f"exit {proc.returncode}: {proc.stderr[-2000:]}"}
+    result: dict[str, Any] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
 
 
 # ---------------------------------------------------------------------------------------------
@@ -325,6 +316,11 @@ def main() -> None:
     ap.add_argument("--single-requests", type=int, default=3)
     ap.add_argument("--bandwidth-mib", type=int, default=1024)
     ap.add_argument("--skip-official", action="store_true")
+    ap.add_argument(
+        "--official-python",
+        type=Path,
+        help="run qwen_tts with this interpreter (its own environment) instead of in this process",
+    )
     ap.add_argument("--json", type=Path)
     opts = ap.parse_args()
 
@@ -363,7 +359,9 @@ def main() -> None:
         if single["rtf_mean"] and run["offline"]["rtf"]:
             run["stack_over_offline_rtf"] = round(single["rtf_mean"] / run["offline"]["rtf"], 2)
         if not opts.skip_official and dtype == "float32":
-            run["official"] = bench_official(model, dtype, opts.speaker, opts.max_new_tokens)
+            run["official"] = bench_official(
+                model, dtype, opts.speaker, opts.max_new_tokens, opts.official_python
+            )
         report["runs"][name] = run
         print(json.dumps(run, indent=2), flush=True)
     if opts.json:

@@ -20,7 +20,6 @@ import contextlib
 import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import grpc
@@ -37,6 +36,7 @@ from tts_common.silence import SilenceStop
 from tts_common.synthesis import DEFAULT_SLOT_POSITIONS
 from tts_common.synthesis.segments import (
     SegmentPlan,
+    first_segment,
     plan_segments,
     prompt_overhead,
     segment_request_id,
@@ -47,7 +47,6 @@ from tts_common.synthesis.validation import (
     RequestLimits,
     SynthesisPlan,
     effective_model_info,
-    plan_sampling_options,
     talker_request,
 )
 from tts_common.text import TokenCounter
@@ -59,6 +58,7 @@ from .encoding import AudioOutput
 from .failover import FailoverPolicy
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
 from .pipeline import StageError
+from .prepared import PreparedRequest
 from .routing import StageClient, tie_readiness
 from .text_stream import TextStream
 from .tokens import TalkerTokenCounter
@@ -70,7 +70,6 @@ from .utterances import (
     UtteranceSequence,
     UtteranceStarted,
     overall_finish_reason,
-    plans_of,
     segment_summaries,
 )
 from .validation import validate_register, validate_synthesize
@@ -91,44 +90,67 @@ _RECONNECT_OPTIONS: tuple[tuple[str, Any], ...] = (
 
 NATIVE_FRAME_RATE = 12.5
 """Codec frames per second of the 12 Hz checkpoints (when the talker reports none)."""
-INLINE_SEGMENTING_CHARS = 4000
-"""Texts up to this length are segmented on the event loop (well under a millisecond per
-thousand characters); longer ones in a worker thread."""
+INLINE_SEGMENTING_CHARS = 1000
+"""Texts up to this length are segmented on the event loop (about 3.5 ms per thousand characters
+with a released tokenizer); longer ones in a worker thread."""
 
 TalkerClient = StageClient[stages_pb2_grpc.TalkerStub]
 DecoderClient = StageClient[stages_pb2_grpc.DecoderStub]
 SpeakerClient = StageClient[stages_pb2_grpc.SpeakerStub]
 
 
-@dataclass(frozen=True)
-class PreparedRequest:
-    """A validated request with its voice resolved (Synthesize, or a StreamingSynthesize
-    configuration)."""
+class _Segmentation:
+    """A request's segments as they become known. A text up to ``INLINE_SEGMENTING_CHARS`` is
+    segmented at once. A longer one is segmented whole in a worker thread (tens of milliseconds
+    for a chapter) while its first segment comes at once from a prefix
+    (:func:`~tts_common.synthesis.segments.first_segment`): the talker starts on it, and the
+    text's length costs no time to first audio."""
 
-    plan: SynthesisPlan
-    output_plan: OutputPlan
-    info: tts_pb2.ModelInfo
-    """The served model as clients see it."""
-    voice: ResolvedVoice
-    max_seq_len: int
-    """Positions of one talker slot (0: unknown)."""
+    def __init__(
+        self, plan: SynthesisPlan, first: SegmentPlan | None, whole: asyncio.Future[list[SegmentPlan]]
+    ) -> None:
+        self._plan = plan
+        self._first = first
+        self._whole = whole
+        # A stream closed before the segmentation ends never looks at it: nor should asyncio.
+        whole.add_done_callback(lambda done: done.cancelled() or done.exception())
 
-    def metadata(self, request_id: str) -> tts_pb2.SynthesizeResponse:
-        """The stream's first response."""
-        plan, out, info = self.plan, self.output_plan, self.info
-        return tts_pb2.SynthesizeResponse(
-            metadata=tts_pb2.SynthesisMetadata(
-                request_id=request_id,
-                sample_rate=out.sample_rate,
-                encoding=out.encoding,
-                model_type=info.model_type,
-                model_size=info.model_size,
-                model_name=info.model_name,
-                language=plan.language,
-                text_feeding=plan.text_feeding,
-                sampling=plan_sampling_options(plan),
-            )
+    @classmethod
+    async def start(cls, plan: SynthesisPlan, max_tokens: int, count: TokenCounter) -> _Segmentation:
+        """Begin segmenting ``plan``'s text into segments of at most ``max_tokens`` tokens."""
+        if len(plan.text) <= INLINE_SEGMENTING_CHARS:
+            whole = asyncio.get_running_loop().create_future()
+            try:
+                whole.set_result(plan_segments(plan, max_tokens, count))
+            except Exception as exc:  # noqa: BLE001 - raised by complete() and segments()
+                whole.set_exception(exc)
+            return cls(plan, None, whole)
+        first = await asyncio.to_thread(first_segment, plan, max_tokens, count)
+        return cls(
+            plan, first, asyncio.ensure_future(asyncio.to_thread(plan_segments, plan, max_tokens, count))
         )
+
+    async def complete(self) -> list[SegmentPlan]:
+        """Every segment; raises the request's error (e.g. a word too long) if the text is refused."""
+        return await asyncio.shield(self._whole)
+
+    async def segments(self) -> AsyncIterator[SegmentPlan]:
+        """The segments in order, the first as soon as it is known."""
+        first = self._first
+        if first is not None:
+            yield first
+        segments = await self.complete()
+        if len(segments) > 1:
+            logger.info("text of %d characters spoken as %d segments", len(self._plan.text), len(segments))
+        if first is None:
+            for segment in segments:
+                yield segment
+            return
+        if segments[0] != first:  # cannot happen (first_segment's property test); never repeat text
+            logger.error("segment 0 from the prefix differs from the whole text's; continuing after it")
+        for segment in segments:
+            if segment.start >= first.end:
+                yield segment
 
 
 class SynthesisService:
@@ -390,20 +412,22 @@ class SynthesisService:
         plan, out, info, voice = prepared.plan, prepared.output_plan, prepared.info, prepared.voice
         native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
         output = AudioOutput(out.encoding, out.sample_rate, native_rate, speed=speed)
-        segments = await self._segments(plan, voice, prepared.max_seq_len)
-        if len(segments) > 1:
-            logger.info("text of %d characters spoken as %d segments", len(plan.text), len(segments))
+        segmentation = await _Segmentation.start(plan, *self.segment_size(plan, voice, prepared.max_seq_len))
         sequence = UtteranceSequence(
             self.talker, self.decoder, self.sequence_settings(plan, info), time_remaining=time_remaining
         )
-        plans = (self.utterance_plan(segment, request_id, voice, out) for segment in segments)
+        plans = (
+            self.utterance_plan(segment, request_id, voice, out) async for segment in segmentation.segments()
+        )
         stream = AudioStream(out, output, received)
         try:
-            async with contextlib.aclosing(sequence.events(plans_of(plans))) as events:
+            async with contextlib.aclosing(sequence.events(plans)) as events:
                 async for event in events:
                     if isinstance(event, UtteranceAudio):
                         yield await stream.chunk(event.samples)
                     elif isinstance(event, UtteranceStarted) and event.index == 0:
+                        # A text the whole segmentation refuses is refused before any response.
+                        await segmentation.complete()
                         yield prepared.metadata(request_id)
             final = await stream.finish()
             if final is not None:
@@ -451,17 +475,6 @@ class SynthesisService:
         )
         size = segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, self.config.segment_tokens)
         return size, count
-
-    async def _segments(
-        self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
-    ) -> list[SegmentPlan]:
-        """The request's segments (one for a text that fits a talker request), packed by the
-        talker's token counts up to the segment size this request's prompt leaves room for."""
-        size, count = self.segment_size(plan, voice, max_seq_len)
-        if len(plan.text) <= INLINE_SEGMENTING_CHARS:
-            return plan_segments(plan, size, count)
-        # Segmenting a chapter takes tens of milliseconds: off the event loop.
-        return await asyncio.to_thread(plan_segments, plan, size, count)
 
     @staticmethod
     def utterance_plan(

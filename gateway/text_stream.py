@@ -28,18 +28,22 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
-from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.segments import SegmentPlan, segment_seed
-from tts_common.synthesis.validation import NATIVE_SAMPLE_RATE
+from tts_common.synthesis.validation import NATIVE_SAMPLE_RATE, RequestLimits, SynthesisPlan
+from tts_common.text import TokenCounter
 
-from .audio_stream import AudioStream
-from .config import STAGE
+from .audio_stream import AudioStream, OutputPlan
+from .cloning import ResolvedVoice
+from .config import STAGE, GatewayConfig
 from .encoding import AudioOutput
+from .prepared import PreparedRequest
+from .routing import StageClient
 from .text_input import (
     AppendUtteranceText,
     EndUtterance,
@@ -50,6 +54,7 @@ from .text_input import (
     check_total_text,
 )
 from .utterances import (
+    SequenceSettings,
     UtteranceAudio,
     UtteranceDone,
     UtteranceEvent,
@@ -58,8 +63,26 @@ from .utterances import (
     overall_finish_reason,
 )
 
-if TYPE_CHECKING:
-    from .service import PreparedRequest, SynthesisService
+
+class StreamServices(Protocol):
+    """What a :class:`TextStream` uses of :class:`gateway.service.SynthesisService` (which
+    creates it; a protocol keeps this module from importing the service back)."""
+
+    config: GatewayConfig
+    limits: RequestLimits
+    talker: StageClient[stages_pb2_grpc.TalkerStub]
+    decoder: StageClient[stages_pb2_grpc.DecoderStub]
+
+    def segment_size(
+        self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
+    ) -> tuple[int, TokenCounter]: ...
+
+    def sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings: ...
+
+    def utterance_plan(
+        self, segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
+    ) -> UtterancePlan: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -105,7 +128,7 @@ class TextStream:
 
     def __init__(
         self,
-        service: SynthesisService,
+        service: StreamServices,
         prepared: PreparedRequest,
         messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
         request_id: str,

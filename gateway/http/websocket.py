@@ -26,8 +26,8 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Mapping
+from typing import Any, Literal, Protocol
 
 import grpc
 from fastapi import WebSocket, WebSocketDisconnect
@@ -39,6 +39,8 @@ from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.request_ids import resolve_request_id
 
+from ..auth import ApiKeys
+from ..service import SynthesisService
 from ..text_input import read_config
 from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
@@ -46,8 +48,17 @@ from .schemas import SpeechRequest
 from .speech import synthesize_request
 from .streaming import summary_object
 
-if TYPE_CHECKING:
-    from .app import HttpApi
+
+class StreamingApi(Protocol):
+    """What a :class:`SpeechStream` uses of :class:`gateway.http.app.HttpApi` (which routes the
+    WebSocket to it; a protocol keeps this module from importing the app back)."""
+
+    service: SynthesisService
+    aliases: Mapping[str, str]
+    keys: ApiKeys | None
+
+    def check_ready(self) -> None: ...
+
 
 logger = logging.getLogger(__name__)
 
@@ -97,7 +108,7 @@ async def _receive(websocket: WebSocket) -> dict[str, Any] | None:
 class SpeechStream:
     """One WebSocket connection (see the module doc)."""
 
-    def __init__(self, api: HttpApi, websocket: WebSocket) -> None:
+    def __init__(self, api: StreamingApi, websocket: WebSocket) -> None:
         self.api = api
         self.websocket = websocket
         self.request_id = ""

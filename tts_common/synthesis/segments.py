@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tts_common.errors import InvalidRequestError
 from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
-from tts_common.text import TokenCounter, segment_text
+from tts_common.text import Segment, TokenCounter, segment_text
 from tts_common.text.tokenizer import INSTRUCT_TEMPLATE, REF_TEMPLATE
 
 from .budget import RUNAWAY_GUARD, RunawayGuard
@@ -127,27 +127,61 @@ def plan_segments(plan: SynthesisPlan, max_tokens: int, count_tokens: TokenCount
     segment is that one segment, whole and unchanged (surrounding whitespace included).
 
     Raises NothingToSpeakError / WordTooLongError (INVALID_ARGUMENT)."""
-    seed = plan.sampling.seed
-    assert seed is not None  # plan_synthesis always sets one
     pieces = segment_text(plan.text, max_tokens, count_tokens)
     if len(pieces) == 1:
         return [SegmentPlan(0, 0, len(plan.text), plan)]
-    return [
-        SegmentPlan(
-            index=k,
-            start=piece.start,
-            end=piece.end,
-            plan=dataclasses.replace(
-                plan, text=piece.text, sampling=plan.sampling.replace(seed=segment_seed(seed, k))
-            ),
-        )
-        for k, piece in enumerate(pieces)
-    ]
+    return [_segment_plan(plan, k, piece) for k, piece in enumerate(pieces)]
+
+
+FIRST_SEGMENT_PREFIX_CHARS = 20
+"""Characters of text per token of segment size that :func:`first_segment` reads: three
+segments of English (about 4-5 characters a token) with room to spare."""
+
+
+def first_segment(
+    plan: SynthesisPlan, max_tokens: int, count_tokens: TokenCounter, prefix_chars: int | None = None
+) -> SegmentPlan | None:
+    """Segment 0 of :func:`plan_segments` (same arguments) from a prefix of the text, so a long
+    text starts speaking without waiting for the whole text to be segmented (tens of
+    milliseconds for a chapter). Exact: the packing is greedy from the start and a sentence end
+    is decided by the characters next to it, so what the cut at the prefix's end changes is its
+    last segments only; once the prefix holds three segments its first is final (a property
+    test pins this). None when the prefix does not settle it (a text no longer than the prefix,
+    fewer than three segments in it, or a prefix that does not segment): use
+    :func:`plan_segments`'s first. ``prefix_chars``: the prefix's length (default
+    ``max_tokens * FIRST_SEGMENT_PREFIX_CHARS``)."""
+    if prefix_chars is None:
+        prefix_chars = max_tokens * FIRST_SEGMENT_PREFIX_CHARS
+    prefix = plan.text[:prefix_chars]
+    if len(prefix) == len(plan.text):
+        return None
+    try:
+        pieces = segment_text(prefix, max_tokens, count_tokens)
+    except InvalidRequestError:  # decided on the whole text by plan_segments
+        return None
+    if len(pieces) < 3:
+        return None
+    return _segment_plan(plan, 0, pieces[0])
+
+
+def _segment_plan(plan: SynthesisPlan, index: int, piece: Segment) -> SegmentPlan:
+    seed = plan.sampling.seed
+    assert seed is not None  # plan_synthesis always sets one
+    return SegmentPlan(
+        index=index,
+        start=piece.start,
+        end=piece.end,
+        plan=dataclasses.replace(
+            plan, text=piece.text, sampling=plan.sampling.replace(seed=segment_seed(seed, index))
+        ),
+    )
 
 
 __all__ = [
     "PROMPT_FIXED_POSITIONS",
+    "FIRST_SEGMENT_PREFIX_CHARS",
     "SegmentPlan",
+    "first_segment",
     "max_segment_tokens",
     "plan_segments",
     "prompt_overhead",

@@ -17,7 +17,9 @@ from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
 from tts_common.silence import SilenceDetector, SilenceStop, frame_level_dbfs, silence_stop_sample
 from tts_common.synthesis import RUNAWAY_GUARD
 from tts_common.synthesis.segments import (
+    FIRST_SEGMENT_PREFIX_CHARS,
     PROMPT_FIXED_POSITIONS,
+    first_segment,
     max_segment_tokens,
     plan_segments,
     prompt_overhead,
@@ -157,6 +159,77 @@ def test_segments_tile_the_text_with_derived_seeds(sentences: list[str], max_tok
         )
     assert "".join(s.plan.text for s in segments).replace(" ", "") == text.replace(" ", "")
     assert all(a.end <= b.start for a, b in zip(segments, segments[1:]))
+
+
+_PIECES = st.sampled_from(
+    [
+        "Mr.",
+        "Dr. Who",
+        "1,000",
+        "12:30",
+        "e.g.",
+        "...",
+        "\u2026",
+        "!",
+        "?",
+        ";",
+        ",",
+        ":",
+        '"',
+        "\u201d",
+        "(",
+        ")",
+        "\n",
+        "\n\n",
+        "\u3002",
+        "\uff0c",
+        "\u4f60\u597d",
+        "\u6c49\u5b57",
+        "a",
+        "b",
+        "Wor",
+        "ld",
+        " ",
+        "  ",
+        "x.y",
+        "-",
+        " - ",
+    ]
+)
+
+
+@PROPERTY
+@given(
+    pieces=st.lists(_PIECES, min_size=20, max_size=400),
+    max_tokens=st.integers(2, 12),
+    data=st.data(),
+)
+def test_first_segment_from_a_prefix_is_the_whole_texts_first(
+    pieces: list[str], max_tokens: int, data: st.DataObject
+) -> None:
+    """The gateway starts a long text on first_segment's segment before plan_segments has read
+    the whole text: it must be exactly plan_segments' first, whatever the text and wherever the
+    prefix ends."""
+    text = "Start " + "".join(pieces)
+    plan = plan_of(text)
+    prefix_chars = data.draw(st.integers(1, len(text)), label="prefix_chars")
+    first = first_segment(plan, max_tokens, estimate_tokens, prefix_chars)
+    try:
+        segments = plan_segments(plan, max_tokens, estimate_tokens)
+    except InvalidRequestError:
+        return  # refused as a whole; the gateway reports it before any response
+    if first is not None:
+        assert first == segments[0]
+
+
+def test_first_segment_settles_a_chapter_from_its_start() -> None:
+    sentence = "The quick brown fox jumps over the lazy dog, and the dog sleeps on. "
+    text = sentence * 400  # 27,600 characters
+    plan = plan_of(text, seed=11)
+    first = first_segment(plan, 60, estimate_tokens)
+    assert first is not None and first == plan_segments(plan, 60, estimate_tokens)[0]
+    assert first.end < 60 * FIRST_SEGMENT_PREFIX_CHARS
+    assert first_segment(plan_of(sentence * 3), 60, estimate_tokens) is None  # short: no prefix
 
 
 def test_bad_texts() -> None:

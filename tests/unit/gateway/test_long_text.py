@@ -11,6 +11,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
+from gateway.service import INLINE_SEGMENTING_CHARS
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -220,6 +221,50 @@ def test_bad_long_texts() -> None:
             assert not h.talker.requests
 
     run(main())
+
+
+def test_a_chapter_starts_on_its_first_segment_before_the_rest_is_cut() -> None:
+    """Past INLINE_SEGMENTING_CHARS the first segment comes from a prefix while the whole text is
+    segmented in a worker thread: the talker still gets exactly the whole text's segments."""
+
+    async def main() -> None:
+        text = " ".join([TEXT] * 4)
+        assert len(text) > INLINE_SEGMENTING_CHARS
+        pieces = segment_text(text, 30, estimate_tokens)
+        async with Harness(frames=2, segment_tokens=30) as h:
+            _, chunks, summary = await h.synthesize(request(text))
+        assert [r.text for r in h.talker.requests] == [p.text for p in pieces]
+        assert summary.num_segments == len(pieces)
+        np.testing.assert_array_equal(audio_of(chunks), np.concatenate([expected_signal(2)] * len(pieces)))
+
+    run(main(), timeout=60)
+
+
+def test_a_chapter_refused_past_its_first_segment_sends_nothing() -> None:
+    """A word too long far into a chapter is found by the whole segmentation after the first
+    segment started: the call still fails before any response, and that segment's slot is freed."""
+
+    async def main() -> None:
+        text = " ".join([TEXT] * 4) + " " + "x" * 200
+        async with Harness(frames=400, delay=0.01, segment_tokens=30) as h:
+            call = h.stub.Synthesize(request(text))
+            responses = []
+            try:
+                async for response in call:
+                    responses.append(response)
+            except grpc.aio.AioRpcError as err:
+                assert err.code() == grpc.StatusCode.INVALID_ARGUMENT
+                assert "more than the limit of 30 tokens per segment" in err.details(), err.details()
+            else:
+                raise AssertionError("the call succeeded")
+            assert responses == []
+            for _ in range(300):
+                if h.talker.active == 0:
+                    break
+                await asyncio.sleep(0.01)
+            assert h.talker.active == 0
+
+    run(main(), timeout=30)
 
 
 def test_cancel_stops_every_segment() -> None:
