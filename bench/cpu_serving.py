@@ -282,8 +282,8 @@ def bench_official(
 ) -> dict[str, Any]:
     """``qwen_tts`` on the same checkpoint, one request and a batch of 8 (``official_tts.py``):
     in this process, or, with ``python`` (the interpreter of an environment where qwen_tts is
-    installed, e.g. ``../shared/qwen3-tts/official-env.sh DIR`` gives ``DIR/bin/python``), in a
-    child process of it. Any failure is reported, not raised."""
+    installed, e.g. ``VENV/bin/python`` of a venv with ``qwen-tts==0.1.1``), in a child process
+    of it. Any failure is reported, not raised."""
     import official_tts
 
     if python is None:

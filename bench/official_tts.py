@@ -1,9 +1,10 @@
 """The official implementation (``qwen_tts``), timed: one request and a batch, float32 on CPU.
 
 Standalone (it imports only torch and qwen_tts), so ``bench/cpu_serving.py`` can run it with the
-interpreter of the official environment (``../shared/qwen3-tts/official-env.sh DIR``):
+interpreter of an environment where the official package is installed (a venv with CPU
+``torch==2.13.0`` and ``qwen-tts==0.1.1``):
 
-    DIR/bin/python bench/official_tts.py MODEL float32 ryan 41 "Some text." 8
+    VENV/bin/python bench/official_tts.py MODEL float32 ryan 41 "Some text." 8
 
 prints one JSON line: per batch size the seconds, audio seconds, audio seconds per second and
 milliseconds per frame including the decode.
