@@ -1,8 +1,9 @@
 """Load generator for the gateway: open-loop (Poisson arrivals) or closed-loop (fixed concurrency).
 
 Reports p50/p95/p99 time to first audio and end-to-end latency, RTF, audio seconds generated per
-wall second, playback underruns (a chunk arriving later than real-time playback that started at
-the first chunk would need it) and counts by final gRPC status; writes JSON and an SVG plot.
+wall second, playback underruns (``playback.Playback``: a chunk arriving after the audio before it
+has played out, for a real-time player started at the first chunk that resumes after each gap)
+and counts by final gRPC status; writes JSON and an SVG plot.
 
     python bench/load.py --gateway 127.0.0.1:50051 --mode closed --concurrency 8 --requests 64
     python bench/load.py --gateway 127.0.0.1:50051 --mode open --rate 2 --duration 30 --json out.json --plot out.svg
@@ -24,6 +25,7 @@ from pathlib import Path
 
 import grpc
 import numpy as np
+from playback import Playback
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -80,29 +82,23 @@ async def one_request(stub, args, rng: random.Random, sample_rate: int = 24000) 
         request.voice_id = args.voice_id
     t0 = time.monotonic()
     res = Result(status="OK")
-    first_at = None
-    played_s = 0.0
+    player = Playback()
     try:
         call = stub.Synthesize(request, timeout=args.deadline, metadata=args.metadata)
         async for response in call:
             if response.WhichOneof("payload") != "audio":
                 continue
             now = time.monotonic()
-            if first_at is None:
-                first_at = now
+            if player.first_at is None:
                 res.ttfa_ms = (now - t0) * 1000
-            else:
-                # Real-time playback from the first chunk needs this chunk by first_at + played_s.
-                late = now - (first_at + played_s)
-                if late > 0:
-                    res.underruns += 1
-                    res.underrun_ms += late * 1000
-            played_s += response.audio.num_samples / (response.audio.sample_rate or sample_rate)
+            player.chunk(now, response.audio.num_samples / (response.audio.sample_rate or sample_rate))
             res.chunks += 1
     except grpc.aio.AioRpcError as exc:
         res.status = exc.code().name
     res.total_ms = (time.monotonic() - t0) * 1000
-    res.audio_s = played_s
+    res.audio_s = player.played_s
+    res.underruns = player.underruns
+    res.underrun_ms = player.underrun_ms
     return res
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
+from playback import Playback
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -71,39 +72,29 @@ class Stream:
 def synthesize(
     stub: tts_pb2_grpc.TextToSpeechStub, request: tts_pb2.SynthesizeRequest, deadline: float
 ) -> Stream:
-    """One Synthesize call, timed as a real-time player would consume it: playback starts at the
-    first chunk; a chunk that arrives after the audio before it has played out is an underrun,
-    and the player (like any real one) waits for it, so playback resumes from then on: each
-    underrun is a separate gap, not the carry-over of an earlier one."""
+    """One Synthesize call, timed as a real-time player (playback.Playback) would consume it."""
     res = Stream()
     rate = 24000
     t0 = time.monotonic()
-    first_at: float | None = None
-    stalled = 0.0
-    played = 0.0
+    player = Playback()
     for response in stub.Synthesize(request, timeout=deadline):
         kind = response.WhichOneof("payload")
         now = time.monotonic()
         if kind == "metadata":
             rate = response.metadata.sample_rate or rate
         elif kind == "audio":
-            if first_at is None:
-                first_at = now
+            if player.first_at is None:
                 res.ttfa_ms = (now - t0) * 1000
-                late = 0.0
-            else:
-                late = max(now - (first_at + stalled + played), 0.0)
-                stalled += late
+            player.chunk(now, response.audio.num_samples / rate)
             res.chunk_starts.append(response.audio.start_sample)
-            res.late_ms.append(late * 1000)
-            played += response.audio.num_samples / rate
             res.chunks += 1
         else:
             res.summary = response.summary
     res.total_ms = (time.monotonic() - t0) * 1000
-    res.audio_s = played
-    res.underruns = sum(1 for late in res.late_ms if late > 0)
-    res.underrun_ms = sum(res.late_ms)
+    res.audio_s = player.played_s
+    res.late_ms = player.late_ms
+    res.underruns = player.underruns
+    res.underrun_ms = player.underrun_ms
     if res.summary is not None:
         boundaries = {s.start_sample for s in res.summary.segments[1:]}
         res.boundary_underruns = sum(

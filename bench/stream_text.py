@@ -9,8 +9,8 @@ at once (``inf``: every delta sent without waiting). For each rate and each conc
 * ``first_delta_to_audio_ms``: from the first delta sent to the first audio chunk received;
 * ``end_of_text_to_last_audio_ms``: from the half-close (end of text) to the last audio chunk
   (negative if the speech ended before the text did: the model's end of speech, or a budget);
-* ``underruns`` / ``underrun_ms``: chunks arriving later than real-time playback started at the
-  first chunk would need them (a slow feeder makes the talker wait: the summary's
+* ``underruns`` / ``underrun_ms``: chunks arriving after the audio before them has played out
+  (``playback.Playback``: a real-time player from the first chunk that resumes after each gap) (a slow feeder makes the talker wait: the summary's
   ``text_wait_ms`` and ``stalled_frames`` say for how long);
 
 and the one-shot baseline at the same concurrency: Synthesize of the whole paragraph (same seed,
@@ -34,6 +34,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import grpc
+from playback import Playback
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -80,24 +81,17 @@ class Run:
 
 
 def consume(responses: Iterator[tts_pb2.SynthesizeResponse], run: Run, clock: dict[str, float]) -> None:
-    """Read a response stream as a real-time player would (fills ``run``)."""
+    """Read a response stream as a real-time player (playback.Playback) would (fills ``run``)."""
     rate = 24000
-    first_at: float | None = None
+    player = Playback()
     last_at = 0.0
-    played = 0.0
     for response in responses:
         kind = response.WhichOneof("payload")
         now = time.monotonic()
         if kind == "metadata":
             rate = response.metadata.sample_rate or rate
         elif kind == "audio":
-            if first_at is None:
-                first_at = now
-                late = 0.0
-            else:
-                late = max(now - (first_at + played), 0.0)
-            run.late_ms.append(late * 1000)
-            played += response.audio.num_samples / rate
+            player.chunk(now, response.audio.num_samples / rate)
             run.chunks += 1
             last_at = now
         elif kind == "utterance_end":
@@ -105,9 +99,11 @@ def consume(responses: Iterator[tts_pb2.SynthesizeResponse], run: Run, clock: di
         elif kind == "summary":
             run.text_wait_ms = response.summary.text_wait_ms
             run.stalled_frames = response.summary.stalled_frames
-    run.audio_s = played
-    run.underruns = sum(1 for late in run.late_ms if late > 0)
-    run.underrun_ms = sum(run.late_ms)
+    run.audio_s = player.played_s
+    run.late_ms = player.late_ms
+    run.underruns = player.underruns
+    run.underrun_ms = player.underrun_ms
+    first_at = player.first_at
     if first_at is not None:
         run.ttfa_ms = (first_at - clock["start"]) * 1000
         run.first_delta_to_audio_ms = (first_at - clock.get("first_delta", clock["start"])) * 1000

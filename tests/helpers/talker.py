@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 
-from talker_service.engine import EngineConfig, Generation, TalkerEngine
+from talker_service.engine import DoneEvent, EngineConfig, EngineEvent, FrameEvent, Generation, TalkerEngine
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs, TalkerPrompt
 from tts_common.synthesis import SamplingParams
@@ -22,3 +23,26 @@ def generate(
     config = EngineConfig(max_slots=max(len(sources), 1), max_seq_len=max_seq_len)
     with TalkerEngine(model, config) as engine:
         return engine.generate_all([(s, p, max_new_tokens) for s, p in zip(sources, plist)])
+
+
+class Collector:
+    """Thread-safe sink gathering one engine request's events (the engine's ``sink``)."""
+
+    def __init__(self) -> None:
+        self.frames: list[list[int]] = []
+        self.done: DoneEvent | None = None
+        self.event = threading.Event()
+
+    def __call__(self, event: EngineEvent) -> None:
+        if isinstance(event, FrameEvent):
+            assert event.index == len(self.frames)
+            self.frames.append(event.codes)
+        else:
+            self.done = event
+            self.event.set()
+
+    def wait(self) -> DoneEvent:
+        """The request's DoneEvent, once it came (fails the test after 120 s)."""
+        assert self.event.wait(120), "request did not finish"
+        assert self.done is not None
+        return self.done

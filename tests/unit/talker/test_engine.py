@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from talker_service.engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from talker_service.engine import EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from talker_service.engine.request import EngineRequest
 from talker_service.engine.scheduler import Scheduler
 from talker_service.model.loader import TalkerModel
@@ -24,6 +24,7 @@ from tests.helpers.fixtures import (
     fixture_prompt_inputs,
     load_requests,
 )
+from tests.helpers.talker import Collector
 from tts_common.errors import CapacityError, InvalidRequestError, UnavailableError
 from tts_common.synthesis import RunawayGuard, SamplingParams
 
@@ -33,23 +34,6 @@ MAX_NEW_TOKENS = 80  # the fixtures' setting: at most 79 frames
 @pytest.fixture(scope="module")
 def models() -> dict[str, TalkerModel]:
     return {name: TalkerModel.from_checkpoint(CKPT_DIR / name) for name in CHECKPOINT_NAMES}
-
-
-class Collector:
-    """Thread-safe sink gathering one request's events."""
-
-    def __init__(self) -> None:
-        self.frames: list[list[int]] = []
-        self.done: DoneEvent | None = None
-        self.event = threading.Event()
-
-    def __call__(self, event) -> None:
-        if isinstance(event, FrameEvent):
-            assert event.index == len(self.frames)
-            self.frames.append(event.codes)
-        else:
-            self.done = event
-            self.event.set()
 
 
 def _run_staggered(engine, sources, sampling, stagger_frames: int = 3, max_new_tokens: int = MAX_NEW_TOKENS):

@@ -7,7 +7,6 @@ others decode; cancellation while waiting or before the start; misuse errors."""
 from __future__ import annotations
 
 import dataclasses
-import threading
 import time
 import unicodedata
 
@@ -16,7 +15,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from talker_service.engine import DoneEvent, EngineConfig, FinishReason, FrameEvent, TalkerEngine
+from talker_service.engine import EngineConfig, FinishReason, TalkerEngine
 from talker_service.engine.request import EngineRequest
 from talker_service.engine.text_feed import TextFeed
 from talker_service.model.loader import TalkerModel
@@ -30,6 +29,7 @@ from tests.helpers.fixtures import (
     fixture_prompt_inputs,
     load_requests,
 )
+from tests.helpers.talker import Collector
 from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.synthesis import SamplingParams
 from tts_common.text.tokenizer import ROLE_TOKENS, TextTokenizer
@@ -168,28 +168,6 @@ def engines():
     yield started
     for engine in started.values():
         engine.stop()
-
-
-class Collector:
-    """Thread-safe sink gathering one request's events."""
-
-    def __init__(self) -> None:
-        self.frames: list[list[int]] = []
-        self.done: DoneEvent | None = None
-        self.event = threading.Event()
-
-    def __call__(self, event) -> None:
-        if isinstance(event, FrameEvent):
-            assert event.index == len(self.frames)
-            self.frames.append(event.codes)
-        else:
-            self.done = event
-            self.event.set()
-
-    def wait(self) -> DoneEvent:
-        assert self.event.wait(120), "request did not finish"
-        assert self.done is not None
-        return self.done
 
 
 def _wait_until(predicate, timeout: float = 30.0) -> None:
