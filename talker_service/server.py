@@ -39,6 +39,7 @@ from .engine import DoneEvent, EngineConfig, EngineEvent, FinishReason, FrameEve
 from .engine.kv_memory import plan_kv_cache
 from .engine.request import EngineRequest
 from .engine.text_feed import TextFeed
+from .model import unicode_boundaries
 from .model.loader import TalkerModel
 from .model_info import engine_inputs, talker_info
 
@@ -87,6 +88,8 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                 self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
             )
             files = read_tokenizer_files(model.config.path)  # the files its tokenizer was built from
+            # Built lazily otherwise, on the engine thread at the first open text (~0.5 s stall).
+            unicode_boundaries.warm()
             return model, TalkerEngine(model, self.engine_config), files  # allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so

@@ -10,6 +10,7 @@ import grpc
 import pytest
 
 from talker_service.engine import EngineConfig
+from talker_service.model import unicode_boundaries
 from talker_service.server import TalkerServicer
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.codes import codes_from_proto
@@ -134,3 +135,15 @@ def test_out_of_order_messages_fail_precisely(target, messages, hold_open, messa
     )
     assert error.code() == expected, error
     assert message in error.details()
+
+
+def test_load_builds_the_unicode_tables_off_the_engine_thread() -> None:
+    """The composition tables (~0.5 s) are built by load, not by the first open text's engine
+    step (which would stall every running stream)."""
+    unicode_boundaries._composition_halves.cache_clear()
+    servicer = TalkerServicer(str(CKPT_DIR / "tiny_custom_voice"), EngineConfig(max_slots=1, max_seq_len=64))
+    asyncio.run(servicer.load())
+    try:
+        assert unicode_boundaries._composition_halves.cache_info().currsize == 1
+    finally:
+        asyncio.run(servicer.close())
