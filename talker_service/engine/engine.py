@@ -290,7 +290,10 @@ class TalkerEngine:
             source = request.source
             if request.text_feed is not None:
                 assert isinstance(source, PromptInputs)
-                request.text = TextStream(request.text_feed, self.model.tokenizer, source.text)
+                tokenizer = self.model.tokenizer
+                request.text = TextStream(
+                    request.text_feed, tokenizer, source.text, tokens_to_start(tokenizer, source)
+                )
                 self._streams.append(request)
                 self._unstarted += 1
                 return  # the prompt is built once enough text has arrived (_pump_text)
@@ -326,9 +329,10 @@ class TalkerEngine:
                 continue
             try:
                 changed = text.pull()
+                if not changed:
+                    continue
                 if request.prompt is None:
-                    needed = tokens_to_start(self.model.tokenizer, request.source)
-                    if not text.ended and (needed is None or len(text.pending_ids) < needed):
+                    if not text.can_start:
                         continue
                     request.prompt = self.model.build_prompt(
                         request.source, text.take_ids(), text_open=not text.ended, role_ids=text.role_ids
@@ -336,8 +340,6 @@ class TalkerEngine:
                     request.text_complete = text.ended
                     self._set_budget(request)
                     self.scheduler.add(request)
-                    continue
-                if not changed:
                     continue
                 append_text(self.model.talker, request.prompt, text.take_ids())
                 if text.ended:

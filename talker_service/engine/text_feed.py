@@ -82,27 +82,42 @@ class TextFeed:
 class TextStream:
     """The engine thread's state of one request's open text."""
 
-    def __init__(self, feed: TextFeed, tokenizer: TextTokenizer, initial_text: str) -> None:
+    def __init__(
+        self, feed: TextFeed, tokenizer: TextTokenizer, initial_text: str, tokens_to_start: int | None
+    ) -> None:
         try:
             self.tokenizer = IncrementalTokenizer(tokenizer)
         except TokenizerError as exc:
             raise FailedPreconditionError(f"this checkpoint cannot take incremental text: {exc}") from exc
         self.feed = feed
         self.ended = False
+        self.tokens_to_start = tokens_to_start
+        """Committed tokens the prompt needs before it can be built, None = the whole text
+        (:func:`~talker_service.model.prompt.tokens_to_start`, computed once per request)."""
         self.pending_ids: list[int] = self.tokenizer.push(initial_text) if initial_text else []
         """Committed tokens not yet in the prompt (all of them until the prompt is built)."""
+        self._unseen = True
+        """The first :meth:`pull` reports a change: the initial text is new to the engine."""
 
     def pull(self) -> bool:
-        """Drain the feed into :attr:`pending_ids` (and :attr:`ended`); whether anything changed."""
+        """Drain the feed into :attr:`pending_ids` (and :attr:`ended`); whether anything changed
+        since the last call (the initial text counts as a change on the first)."""
+        unseen, self._unseen = self._unseen, False
         if self.ended:
-            return False
+            return unseen
         text, ended = self.feed.take()
         if text:
             self.pending_ids += self.tokenizer.push(text)
         if ended:
             self.pending_ids += self.tokenizer.finish()
             self.ended = True
-        return bool(text) or ended
+        return unseen or bool(text) or ended
+
+    @property
+    def can_start(self) -> bool:
+        """Enough text has arrived to build the prompt (or all of it has)."""
+        needed = self.tokens_to_start
+        return self.ended or (needed is not None and len(self.pending_ids) >= needed)
 
     def take_ids(self) -> list[int]:
         """The pending tokens (now handed to the prompt)."""

@@ -16,10 +16,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from talker_service.engine import EngineConfig, FinishReason, TalkerEngine
+from talker_service.engine import engine as engine_module
 from talker_service.engine.request import EngineRequest
 from talker_service.engine.text_feed import TextFeed
 from talker_service.model.loader import TalkerModel
-from talker_service.model.prompt import PromptInputs
+from talker_service.model.prompt import PromptInputs, tokens_to_start
 from talker_service.model.streaming_text import IncrementalTokenizer
 from talker_service.model.unicode_boundaries import boundary_after, boundary_before
 from tests.helpers.fixtures import (
@@ -248,6 +249,24 @@ def test_in_context_clone_starts_before_the_text_ends(engines):
         engines[name], source, deltas, ["stall"] * len(deltas), SamplingParams.greedy()
     )
     assert request.timing.stalls > 0  # it ran out of text while the text was open
+
+
+def test_tokens_to_start_is_computed_once_per_request(engines, monkeypatch):
+    """The start threshold (an in-context clone re-tokenizes its reference transcript for it) is
+    computed when the request is admitted, not at every step while it waits for text."""
+    calls = []
+
+    def counted(tokenizer, req):
+        calls.append(req.text)
+        return tokens_to_start(tokenizer, req)
+
+    monkeypatch.setattr(engine_module, "tokens_to_start", counted)
+    name = "tiny_base"
+    text = " ".join(["Hello there my friend"] * 8)
+    source = dataclasses.replace(fixture_prompt_inputs(name, _line(name, "vc_icl_stream")), text=text)
+    deltas = [text[i : i + 5] for i in range(0, len(text), 5)]
+    _streamed_equals_whole(engines[name], source, deltas, ["stall"] * len(deltas), SamplingParams.greedy())
+    assert calls == [""]  # the streamed request's, once (the whole one's prompt is built at once)
 
 
 @pytest.mark.parametrize(
