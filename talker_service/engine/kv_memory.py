@@ -1,4 +1,4 @@
-"""Sizing the talker's KV cache from a memory budget, and allocating it.
+"""Sizing the talker's KV cache from a memory budget.
 
 The number of KV slots (requests decoded at once) follows ``--kv-memory``: a fraction of the
 memory available once the weights are loaded, or a byte count (:mod:`tts_common.memory`). Each
@@ -9,8 +9,8 @@ slot holds ``max_seq_len`` positions of K and V for every talker layer, so
 and a budget that holds no slot at all is a startup error naming the flags to change.
 
 The budget bounds the cache when every slot is full. On CPU (no captured graph) the cache is
-lazily committed (:func:`tts_common.memory.lazy_zeros`): an idle talker holds its weights and
-little else, and a slot costs the positions its requests reach. With CUDA graphs the cache is
+lazily committed (:meth:`~talker_service.model.talker.KVCache.allocate`): an idle talker holds
+its weights and little else, and a slot costs the positions its requests reach. With CUDA graphs the cache is
 allocated whole up front, as the graphs need fixed addresses.
 """
 
@@ -21,9 +21,8 @@ from dataclasses import dataclass
 import torch
 
 from tts_common.config import TalkerConfig
-from tts_common.memory import available_memory, format_bytes, lazy_zeros
+from tts_common.memory import available_memory, format_bytes
 
-from ..model.talker import KVCache
 from .config import EngineConfig
 
 
@@ -90,24 +89,9 @@ def plan_kv_cache(
     )
 
 
-def allocate_kv_cache(
-    cfg: TalkerConfig, num_slots: int, max_len: int, device: torch.device, dtype: torch.dtype
-) -> KVCache:
-    """A zeroed cache of ``num_slots`` x ``max_len`` positions, lazily committed on CPU (see the
-    module docstring)."""
-    assert cfg.head_dim is not None
-    shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
-    return KVCache(
-        k=lazy_zeros(shape, dtype, device),
-        v=lazy_zeros(shape, dtype, device),
-        lengths=torch.zeros(num_slots, device=device, dtype=torch.int64),
-    )
-
-
 __all__ = [
     "KVBudgetError",
     "KVPlan",
-    "allocate_kv_cache",
     "kv_bytes_per_position",
     "plan_kv_cache",
 ]

@@ -24,10 +24,10 @@ import torch
 
 from ..model.sampling import RequestNoise, SamplingTensors, split_step_noise, step_noise_width
 from ..model.step import StepOutput, decode_step, prefill
-from ..model.talker import Talker
+from ..model.talker import KVCache, Talker
 from .config import EngineConfig
 from .cuda_graphs import GraphStep, graph_mode
-from .kv_memory import allocate_kv_cache
+from .kv_memory import kv_bytes_per_position
 from .request import EngineRequest
 from .slot_table import allocate_table, move_row, scatter_state
 
@@ -41,7 +41,7 @@ class TalkerRunner:
         param = next(talker.parameters())
         self.device, self.dtype = param.device, param.dtype
         # Lazily committed on CPU: positions no request reaches cost no memory (kv_memory.py).
-        self.cache = allocate_kv_cache(
+        self.cache = KVCache.allocate(
             talker.cfg, config.max_slots, config.max_seq_len, self.device, self.dtype
         )
         self.table = allocate_table(talker, config.max_slots, self.device, self.dtype)
@@ -61,7 +61,7 @@ class TalkerRunner:
     @property
     def kv_bytes_per_slot(self) -> int:
         """Talker K+V bytes one slot holds (code-predictor caches are per step and tiny)."""
-        return 2 * self.cache.k[:, 0].numel() * self.cache.k.element_size()
+        return self.cache.max_len * kv_bytes_per_position(self.talker.cfg, self.dtype)
 
     def prefill(self, request: EngineRequest) -> None:
         """Write the request's prompt into its slot and choose code0 of frame 0."""

@@ -18,6 +18,7 @@ import torch
 from torch import nn
 
 from tts_common.config import TalkerConfig
+from tts_common.memory import lazy_zeros
 
 from .code_predictor import CodePredictor
 from .decode_attention import InPlaceAttention
@@ -41,12 +42,16 @@ class KVCache:
     def allocate(
         cls, cfg: TalkerConfig, num_slots: int, max_len: int, device: torch.device | str, dtype: torch.dtype
     ) -> KVCache:
-        """Zeroed buffers for ``num_slots`` concurrent requests of up to ``max_len`` positions."""
+        """Zeroed buffers for ``num_slots`` concurrent requests of up to ``max_len`` positions.
+
+        On CPU they are lazily committed (:func:`tts_common.memory.lazy_zeros`): positions no
+        request reaches cost no memory. Elsewhere plain ``torch.zeros``.
+        """
         assert cfg.head_dim is not None
         shape = (cfg.num_hidden_layers, num_slots, cfg.num_key_value_heads, max_len, cfg.head_dim)
         return cls(
-            k=torch.zeros(shape, device=device, dtype=dtype),
-            v=torch.zeros(shape, device=device, dtype=dtype),
+            k=lazy_zeros(shape, dtype, device),
+            v=lazy_zeros(shape, dtype, device),
             lengths=torch.zeros(num_slots, device=device, dtype=torch.int64),
         )
 

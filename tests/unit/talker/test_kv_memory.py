@@ -119,6 +119,8 @@ def test_servicer_sizes_the_engine_from_the_budget(caplog: pytest.LogCaptureFixt
         assert servicer.engine is not None and servicer.info is not None
         assert servicer.engine_config.max_slots == 3 and servicer.engine_config.batch_buckets == (1, 2, 3)
         assert servicer.engine.runner.cache.num_slots == 3 and servicer.info.max_batch_size == 3
+        cache = servicer.engine.runner.cache
+        assert servicer.engine.runner.kv_bytes_per_slot == per_slot == 2 * cache.k[:, 0].nbytes
         assert "KV cache: 3 slots x 512 positions" in caplog.text
     finally:
         asyncio.run(servicer.close())
