@@ -173,7 +173,6 @@ class TalkerEngine:
         source: PromptInputs | TalkerPrompt,
         sampling: SamplingParams,
         max_new_tokens: int | None = None,
-        text: TextFeed | None = None,
     ) -> AsyncIterator[EngineEvent]:
         """:meth:`add` and yield its :class:`FrameEvent`s then one :class:`DoneEvent`.
 
@@ -186,7 +185,7 @@ class TalkerEngine:
         def sink(event: EngineEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        request = self.add(request_id, source, sampling, max_new_tokens, sink, text=text)
+        request = self.add(request_id, source, sampling, max_new_tokens, sink)
         try:
             while True:
                 event = await queue.get()
