@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -9,33 +10,47 @@ from safetensors import safe_open
 
 
 def load_prefixed_state_dict(
-    path: str | Path, prefix: str, dtype: torch.dtype | None = None, device: str | torch.device = "cpu"
+    path: str | Path,
+    prefix: str,
+    dtype: torch.dtype | None = None,
+    device: str | torch.device = "cpu",
+    keep_float32: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tensors of ``path`` whose key starts with ``prefix``, with the prefix removed.
 
     ``dtype`` converts floating tensors (released weights are bf16; we run in float32 unless
-    bfloat16 is asked for, like the official loader with no ``dtype``).
+    bfloat16 is asked for, like the official loader with no ``dtype``); those whose key (prefix
+    removed) satisfies ``keep_float32`` are converted to float32 instead.
     """
     out: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt", device=str(device)) as fh:
         for key in fh.keys():
             if not key.startswith(prefix):
                 continue
+            name = key[len(prefix) :]
             tensor = fh.get_tensor(key)
             if dtype is not None and tensor.is_floating_point():
-                tensor = tensor.to(dtype)
-            out[key[len(prefix) :]] = tensor
+                tensor = tensor.to(
+                    torch.float32 if keep_float32 is not None and keep_float32(name) else dtype
+                )
+            out[name] = tensor
     return out
 
 
 def load_module_weights(
-    module: torch.nn.Module, path: str | Path, prefix: str, dtype: torch.dtype | None = None
+    module: torch.nn.Module,
+    path: str | Path,
+    prefix: str,
+    dtype: torch.dtype | None = None,
+    keep_float32: Callable[[str], bool] | None = None,
 ) -> None:
     """Load ``prefix``-ed tensors of ``path`` into ``module``; missing or unexpected keys raise.
 
-    Buffers that are not persistent (RoPE tables, caches) are not expected in the file.
+    ``dtype`` and ``keep_float32``: as in :func:`load_prefixed_state_dict` (the tensors are then
+    copied into the module's own parameters, in their dtypes). Buffers that are not persistent
+    (RoPE tables, caches) are not expected in the file.
     """
-    state = load_prefixed_state_dict(path, prefix, dtype=dtype)
+    state = load_prefixed_state_dict(path, prefix, dtype=dtype, keep_float32=keep_float32)
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(

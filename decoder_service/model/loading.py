@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
 
 from tts_common.config import SpeechTokenizerConfig, load_checkpoint_config
 from tts_common.weights import load_module_weights
@@ -43,20 +42,28 @@ def load_codec_decoder(
         st_dir = root
         with open(root / "config.json", encoding="utf-8") as fh:
             config = SpeechTokenizerConfig.from_dict(json.load(fh))
-    decoder = CodecDecoder(config.decoder)
-    load_module_weights(decoder, st_dir / "model.safetensors", CHECKPOINT_PREFIX, dtype=dtype)
-    decoder = decoder.to(device=device, dtype=dtype).eval()
-    if dtype != torch.float32:
-        _keep_snake_float32(decoder, st_dir / "model.safetensors")
-    return decoder
+    decoder = CodecDecoder(config.decoder).to(device=device, dtype=dtype)
+    snake_params = _snake_params_float32(decoder) if dtype != torch.float32 else set()
+    # One read of the file: SnakeBeta's parameters are loaded in float32, the rest in ``dtype``.
+    load_module_weights(
+        decoder,
+        st_dir / "model.safetensors",
+        CHECKPOINT_PREFIX,
+        dtype=dtype,
+        keep_float32=snake_params.__contains__,
+    )
+    return decoder.eval()
 
 
-def _keep_snake_float32(decoder: CodecDecoder, weights: Path) -> None:
-    """Give every SnakeBeta its stored parameters in float32 (it computes in float32 at any model
-    dtype, see its docstring), not their rounding to the model dtype."""
-    snakes = {name: m for name, m in decoder.named_modules() if isinstance(m, SnakeBeta)}
-    with safe_open(str(weights), framework="pt", device="cpu") as fh:
-        for name, module in snakes.items():
+def _snake_params_float32(decoder: CodecDecoder) -> set[str]:
+    """Make every SnakeBeta's parameters float32 (it computes in float32 at any model dtype, see
+    its docstring), so that they take their stored values, not their rounding to the model
+    dtype; their names."""
+    names: set[str] = set()
+    for name, module in decoder.named_modules():
+        if isinstance(module, SnakeBeta):
             for param in ("alpha", "beta"):
-                stored = fh.get_tensor(f"{CHECKPOINT_PREFIX}{name}.{param}").to(torch.float32)
-                setattr(module, param, torch.nn.Parameter(stored.to(decoder.device), requires_grad=False))
+                value = getattr(module, param).detach().to(torch.float32)
+                setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
+                names.add(f"{name}.{param}")
+    return names
