@@ -34,7 +34,7 @@ from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.segments import SegmentPlan, segment_seed
+from tts_common.synthesis.segments import SegmentPlan, segment_plan
 from tts_common.synthesis.validation import NATIVE_SAMPLE_RATE, RequestLimits, SynthesisPlan
 from tts_common.text import TokenCounter
 
@@ -284,15 +284,8 @@ class TextStream:
         """Queue the next utterance's talker request (text open)."""
         plan = self._prepared.plan
         index = len(self._utterances)
-        assert plan.sampling.seed is not None  # plan_synthesis always sets one
-        seed = segment_seed(plan.sampling.seed, index)
-        utterance = _Utterance(index, action.start, action.start + len(action.text), seed)
-        segment = SegmentPlan(
-            index=index,
-            start=utterance.text_start,
-            end=utterance.text_end,
-            plan=dataclasses.replace(plan, text=action.text, sampling=plan.sampling.replace(seed=seed)),
-        )
+        segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
+        utterance = _Utterance(index, segment.start, segment.end, segment.seed)
         stages = self._service.utterance_plan(
             segment, self._request_id, self._prepared.voice, self._prepared.output_plan
         )

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from tts_common.errors import InvalidRequestError
 from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
-from tts_common.text import Segment, TokenCounter, segment_text
+from tts_common.text import TokenCounter, segment_text
 from tts_common.text.tokenizer import INSTRUCT_TEMPLATE, REF_TEMPLATE
 
 from .budget import RUNAWAY_GUARD, RunawayGuard
@@ -130,7 +130,7 @@ def plan_segments(plan: SynthesisPlan, max_tokens: int, count_tokens: TokenCount
     pieces = segment_text(plan.text, max_tokens, count_tokens)
     if len(pieces) == 1:
         return [SegmentPlan(0, 0, len(plan.text), plan)]
-    return [_segment_plan(plan, k, piece) for k, piece in enumerate(pieces)]
+    return [segment_plan(plan, k, piece.start, piece.end, piece.text) for k, piece in enumerate(pieces)]
 
 
 FIRST_SEGMENT_PREFIX_CHARS = 20
@@ -161,18 +161,20 @@ def first_segment(
         return None
     if len(pieces) < 3:
         return None
-    return _segment_plan(plan, 0, pieces[0])
+    return segment_plan(plan, 0, pieces[0].start, pieces[0].end, pieces[0].text)
 
 
-def _segment_plan(plan: SynthesisPlan, index: int, piece: Segment) -> SegmentPlan:
+def segment_plan(plan: SynthesisPlan, index: int, start: int, end: int, text: str) -> SegmentPlan:
+    """Segment ``index`` of ``plan``: ``text`` (the request's text from ``start`` to ``end``)
+    with the segment's seed (:func:`segment_seed`); the rest of the plan unchanged."""
     seed = plan.sampling.seed
     assert seed is not None  # plan_synthesis always sets one
     return SegmentPlan(
         index=index,
-        start=piece.start,
-        end=piece.end,
+        start=start,
+        end=end,
         plan=dataclasses.replace(
-            plan, text=piece.text, sampling=plan.sampling.replace(seed=segment_seed(seed, index))
+            plan, text=text, sampling=plan.sampling.replace(seed=segment_seed(seed, index))
         ),
     )
 
@@ -185,6 +187,7 @@ __all__ = [
     "max_segment_tokens",
     "plan_segments",
     "prompt_overhead",
+    "segment_plan",
     "segment_request_id",
     "segment_seed",
     "segment_size",
