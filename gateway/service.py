@@ -33,14 +33,12 @@ from tts_common.serving.health import ServingHealth
 from tts_common.serving.names import service_name
 from tts_common.serving.server import channel_options, keepalive_channel_options
 from tts_common.silence import SilenceStop
-from tts_common.synthesis import DEFAULT_SLOT_POSITIONS
 from tts_common.synthesis.segments import (
     SegmentPlan,
     first_segment,
     plan_segments,
-    prompt_overhead,
+    request_segment_size,
     segment_request_id,
-    segment_size,
 )
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
@@ -469,11 +467,14 @@ class SynthesisService:
         """The most text tokens one talker request of this request may take (the segment size
         its prompt leaves room for), and the token counter they are counted with."""
         count = self.token_counter.counter()
-        ref_frames = voice.ref_codes.num_frames if voice.ref_codes is not None else 0
-        overhead = prompt_overhead(
-            count, instruct=plan.instruct, ref_text=voice.ref_text, ref_frames=ref_frames
+        size = request_segment_size(
+            count,
+            plan,
+            ref_text=voice.ref_text,
+            ref_codes=voice.ref_codes,
+            max_seq_len=max_seq_len,
+            configured=self.config.segment_tokens,
         )
-        size = segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, self.config.segment_tokens)
         return size, count
 
     @staticmethod

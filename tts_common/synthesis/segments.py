@@ -25,11 +25,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from tts_common.errors import InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
 from tts_common.text import TokenCounter, segment_text
 from tts_common.text.tokenizer import INSTRUCT_TEMPLATE, REF_TEMPLATE
 
-from .budget import RUNAWAY_GUARD, RunawayGuard
+from .budget import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 from .validation import SynthesisPlan
 
 PROMPT_FIXED_POSITIONS = 11
@@ -100,6 +101,23 @@ def segment_size(max_seq_len: int, overhead: int, configured: int = 0) -> int:
             f"for text in a talker slot of {max_seq_len} positions (shorten the instruct or the reference)"
         )
     return min(configured, largest) if configured > 0 else largest
+
+
+def request_segment_size(
+    count_tokens: TokenCounter,
+    plan: SynthesisPlan,
+    *,
+    ref_text: str = "",
+    ref_codes: stages_pb2.Codes | None = None,
+    max_seq_len: int = 0,
+    configured: int = 0,
+) -> int:
+    """:func:`segment_size` of a request: its prompt overhead from ``plan``'s instruct and the
+    resolved voice's in-context reference (``ref_text``, ``ref_codes``), in a talker slot of
+    ``max_seq_len`` positions (0: :data:`~tts_common.synthesis.budget.DEFAULT_SLOT_POSITIONS`)."""
+    ref_frames = ref_codes.num_frames if ref_codes is not None else 0
+    overhead = prompt_overhead(count_tokens, instruct=plan.instruct, ref_text=ref_text, ref_frames=ref_frames)
+    return segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, configured)
 
 
 @dataclass(frozen=True)
@@ -187,6 +205,7 @@ __all__ = [
     "max_segment_tokens",
     "plan_segments",
     "prompt_overhead",
+    "request_segment_size",
     "segment_plan",
     "segment_request_id",
     "segment_seed",
