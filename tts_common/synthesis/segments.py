@@ -86,9 +86,8 @@ def max_segment_tokens(max_seq_len: int, overhead: int, guard: RunawayGuard = RU
     budget (``guard.frames(T)``) fit a slot of ``max_seq_len`` positions (one kept spare, as the
     talker keeps it); 0 if not even one token fits."""
     room = max_seq_len - 1 - overhead - guard.base_frames
-    tokens = max(room // (1 + guard.frames_per_text_token), 0)
-    # guard.frames counts at least one token: a text of 0 tokens costs as much as one.
-    return tokens if tokens >= 1 and tokens + overhead + guard.frames(tokens) + 1 <= max_seq_len else 0
+    # For T >= 1, T + overhead + guard.frames(T) + 1 <= max_seq_len is (1 + per token) * T <= room.
+    return max(room // (1 + guard.frames_per_text_token), 0)
 
 
 def segment_size(max_seq_len: int, overhead: int, configured: int = 0) -> int:
