@@ -332,7 +332,9 @@ class SynthesisService:
     # --- synthesis ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def admission(self) -> Iterator[None]:
-        """One stream's place (RESOURCE_EXHAUSTED at once when the server is at capacity)."""
+        """One stream's place (RESOURCE_EXHAUSTED at once when the server is at capacity), for
+        Synthesize and StreamingSynthesize alike. A stream that fails with the talker unavailable
+        makes the next request re-fetch the model info."""
         limit = self.config.max_concurrent_streams
         if self.active_streams >= limit:
             raise CapacityError(f"server at capacity ({limit} concurrent Synthesize streams); retry later")
@@ -340,6 +342,10 @@ class SynthesisService:
         metrics.RUNNING_REQUESTS.labels(stage=STAGE).set(self.active_streams)
         try:
             yield
+        except StageError as exc:
+            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
+                self.model_info.invalidate()  # a restarted or replaced talker may report other info
+            raise
         finally:
             self.active_streams -= 1
             metrics.RUNNING_REQUESTS.labels(stage=STAGE).set(self.active_streams)
@@ -390,10 +396,6 @@ class SynthesisService:
                 )
                 async for response in stream.responses():
                     yield response
-            except StageError as exc:
-                if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                    self.model_info.invalidate()
-                raise
             finally:
                 metrics.TEXT_STREAMS.labels(stage=STAGE).dec()
                 metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
@@ -418,25 +420,20 @@ class SynthesisService:
             self.utterance_plan(segment, request_id, voice, out) async for segment in segmentation.segments()
         )
         stream = AudioStream(out, output, received)
-        try:
-            async with contextlib.aclosing(sequence.events(plans)) as events:
-                async for event in events:
-                    if isinstance(event, UtteranceAudio):
-                        yield await stream.chunk(event.samples)
-                    elif isinstance(event, UtteranceStarted) and event.index == 0:
-                        # A text the whole segmentation refuses is refused before any response.
-                        await segmentation.complete()
-                        yield prepared.metadata(request_id)
-            final = await stream.finish()
-            if final is not None:
-                yield final
-            yield tts_pb2.SynthesizeResponse(
-                summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
-            )
-        except StageError as exc:
-            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                self.model_info.invalidate()
-            raise
+        async with contextlib.aclosing(sequence.events(plans)) as events:
+            async for event in events:
+                if isinstance(event, UtteranceAudio):
+                    yield await stream.chunk(event.samples)
+                elif isinstance(event, UtteranceStarted) and event.index == 0:
+                    # A text the whole segmentation refuses is refused before any response.
+                    await segmentation.complete()
+                    yield prepared.metadata(request_id)
+        final = await stream.finish()
+        if final is not None:
+            yield final
+        yield tts_pb2.SynthesizeResponse(
+            summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
+        )
 
     async def prepare(
         self,
