@@ -511,19 +511,30 @@ class SynthesisService:
         )
 
     @staticmethod
+    def stream_summary(
+        stream: AudioStream, results: list[UtteranceDone], num_segments: int
+    ) -> tts_pb2.SynthesisSummary:
+        """A stream's summary without its per-segment entries: the totals over ``results`` (the
+        utterances that ended, cancelled ones included), the segment count and the segments cut
+        at their budget."""
+        spoken = [r for r in results if r.finish_reason != tts_pb2.FINISH_REASON_CANCELLED]
+        totals = stages_pb2.TalkerDone(
+            frames=sum(r.frames for r in results),
+            finish_reason=overall_finish_reason(spoken),
+            queue_ms=results[0].talker_done.queue_ms if results else 0.0,
+        )
+        summary = stream.summary(totals)
+        summary.num_segments = num_segments
+        summary.length_segments.extend(
+            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
+        )
+        return summary
+
+    @staticmethod
     def _summary(
         stream: AudioStream, results: list[UtteranceDone], output_ratio: float
     ) -> tts_pb2.SynthesisSummary:
         """The stream's totals over every segment."""
-        totals = stages_pb2.TalkerDone(
-            frames=sum(r.frames for r in results),
-            finish_reason=overall_finish_reason(results),
-            queue_ms=results[0].talker_done.queue_ms,
-        )
-        summary = stream.summary(totals)
-        summary.num_segments = len(results)
-        summary.length_segments.extend(
-            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-        )
+        summary = SynthesisService.stream_summary(stream, results, len(results))
         summary.segments.extend(segment_summaries(results, output_ratio, stream.num_samples))
         return summary

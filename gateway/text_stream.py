@@ -60,7 +60,6 @@ from .utterances import (
     UtteranceEvent,
     UtterancePlan,
     UtteranceSequence,
-    overall_finish_reason,
 )
 
 
@@ -82,6 +81,10 @@ class StreamServices(Protocol):
     def utterance_plan(
         self, segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
     ) -> UtterancePlan: ...
+
+    def stream_summary(
+        self, stream: AudioStream, results: list[UtteranceDone], num_segments: int
+    ) -> tts_pb2.SynthesisSummary: ...
 
 
 logger = logging.getLogger(__name__)
@@ -350,17 +353,7 @@ class TextStream:
             metrics.STALLED_FRAMES.labels(stage=STAGE).inc(done.stalled_frames)
 
     def _summary(self, stream: AudioStream, results: list[UtteranceDone]) -> tts_pb2.SynthesisSummary:
-        spoken = [r for r in results if r.finish_reason != tts_pb2.FINISH_REASON_CANCELLED]
-        totals = stages_pb2.TalkerDone(
-            frames=sum(r.frames for r in results),
-            finish_reason=overall_finish_reason(spoken),
-            queue_ms=results[0].talker_done.queue_ms if results else 0.0,
-        )
-        summary = stream.summary(totals)
-        summary.num_segments = len(self._utterances)
-        summary.length_segments.extend(
-            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-        )
+        summary = self._service.stream_summary(stream, results, len(self._utterances))
         for utterance in self._utterances:
             done = utterance.done
             summary.segments.append(
