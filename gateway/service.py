@@ -33,14 +33,12 @@ from tts_common.serving.health import ServingHealth
 from tts_common.serving.names import service_name
 from tts_common.serving.server import channel_options, keepalive_channel_options
 from tts_common.silence import SilenceStop
-from tts_common.synthesis import DEFAULT_SLOT_POSITIONS
 from tts_common.synthesis.segments import (
     SegmentPlan,
     first_segment,
     plan_segments,
-    prompt_overhead,
+    request_segment_size,
     segment_request_id,
-    segment_size,
 )
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
@@ -334,7 +332,9 @@ class SynthesisService:
     # --- synthesis ------------------------------------------------------------------------------
     @contextlib.contextmanager
     def admission(self) -> Iterator[None]:
-        """One stream's place (RESOURCE_EXHAUSTED at once when the server is at capacity)."""
+        """One stream's place (RESOURCE_EXHAUSTED at once when the server is at capacity), for
+        Synthesize and StreamingSynthesize alike. A stream that fails with the talker unavailable
+        makes the next request re-fetch the model info."""
         limit = self.config.max_concurrent_streams
         if self.active_streams >= limit:
             raise CapacityError(f"server at capacity ({limit} concurrent Synthesize streams); retry later")
@@ -342,6 +342,10 @@ class SynthesisService:
         metrics.RUNNING_REQUESTS.labels(stage=STAGE).set(self.active_streams)
         try:
             yield
+        except StageError as exc:
+            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
+                self.model_info.invalidate()  # a restarted or replaced talker may report other info
+            raise
         finally:
             self.active_streams -= 1
             metrics.RUNNING_REQUESTS.labels(stage=STAGE).set(self.active_streams)
@@ -392,10 +396,6 @@ class SynthesisService:
                 )
                 async for response in stream.responses():
                     yield response
-            except StageError as exc:
-                if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                    self.model_info.invalidate()
-                raise
             finally:
                 metrics.TEXT_STREAMS.labels(stage=STAGE).dec()
                 metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
@@ -420,25 +420,20 @@ class SynthesisService:
             self.utterance_plan(segment, request_id, voice, out) async for segment in segmentation.segments()
         )
         stream = AudioStream(out, output, received)
-        try:
-            async with contextlib.aclosing(sequence.events(plans)) as events:
-                async for event in events:
-                    if isinstance(event, UtteranceAudio):
-                        yield await stream.chunk(event.samples)
-                    elif isinstance(event, UtteranceStarted) and event.index == 0:
-                        # A text the whole segmentation refuses is refused before any response.
-                        await segmentation.complete()
-                        yield prepared.metadata(request_id)
-            final = await stream.finish()
-            if final is not None:
-                yield final
-            yield tts_pb2.SynthesizeResponse(
-                summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
-            )
-        except StageError as exc:
-            if exc.stage == "talker" and exc.code is grpc.StatusCode.UNAVAILABLE:
-                self.model_info.invalidate()
-            raise
+        async with contextlib.aclosing(sequence.events(plans)) as events:
+            async for event in events:
+                if isinstance(event, UtteranceAudio):
+                    yield await stream.chunk(event.samples)
+                elif isinstance(event, UtteranceStarted) and event.index == 0:
+                    # A text the whole segmentation refuses is refused before any response.
+                    await segmentation.complete()
+                    yield prepared.metadata(request_id)
+        final = await stream.finish()
+        if final is not None:
+            yield final
+        yield tts_pb2.SynthesizeResponse(
+            summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
+        )
 
     async def prepare(
         self,
@@ -469,11 +464,14 @@ class SynthesisService:
         """The most text tokens one talker request of this request may take (the segment size
         its prompt leaves room for), and the token counter they are counted with."""
         count = self.token_counter.counter()
-        ref_frames = voice.ref_codes.num_frames if voice.ref_codes is not None else 0
-        overhead = prompt_overhead(
-            count, instruct=plan.instruct, ref_text=voice.ref_text, ref_frames=ref_frames
+        size = request_segment_size(
+            count,
+            plan,
+            ref_text=voice.ref_text,
+            ref_codes=voice.ref_codes,
+            max_seq_len=max_seq_len,
+            configured=self.config.segment_tokens,
         )
-        size = segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, self.config.segment_tokens)
         return size, count
 
     @staticmethod
@@ -513,19 +511,30 @@ class SynthesisService:
         )
 
     @staticmethod
+    def stream_summary(
+        stream: AudioStream, results: list[UtteranceDone], num_segments: int
+    ) -> tts_pb2.SynthesisSummary:
+        """A stream's summary without its per-segment entries: the totals over ``results`` (the
+        utterances that ended, cancelled ones included), the segment count and the segments cut
+        at their budget."""
+        spoken = [r for r in results if r.finish_reason != tts_pb2.FINISH_REASON_CANCELLED]
+        totals = stages_pb2.TalkerDone(
+            frames=sum(r.frames for r in results),
+            finish_reason=overall_finish_reason(spoken),
+            queue_ms=results[0].talker_done.queue_ms if results else 0.0,
+        )
+        summary = stream.summary(totals)
+        summary.num_segments = num_segments
+        summary.length_segments.extend(
+            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
+        )
+        return summary
+
+    @staticmethod
     def _summary(
         stream: AudioStream, results: list[UtteranceDone], output_ratio: float
     ) -> tts_pb2.SynthesisSummary:
         """The stream's totals over every segment."""
-        totals = stages_pb2.TalkerDone(
-            frames=sum(r.frames for r in results),
-            finish_reason=overall_finish_reason(results),
-            queue_ms=results[0].talker_done.queue_ms,
-        )
-        summary = stream.summary(totals)
-        summary.num_segments = len(results)
-        summary.length_segments.extend(
-            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-        )
+        summary = SynthesisService.stream_summary(stream, results, len(results))
         summary.segments.extend(segment_summaries(results, output_ratio, stream.num_samples))
         return summary

@@ -34,7 +34,7 @@ from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.segments import SegmentPlan, segment_seed
+from tts_common.synthesis.segments import SegmentPlan, segment_plan
 from tts_common.synthesis.validation import NATIVE_SAMPLE_RATE, RequestLimits, SynthesisPlan
 from tts_common.text import TokenCounter
 
@@ -60,7 +60,6 @@ from .utterances import (
     UtteranceEvent,
     UtterancePlan,
     UtteranceSequence,
-    overall_finish_reason,
 )
 
 
@@ -82,6 +81,10 @@ class StreamServices(Protocol):
     def utterance_plan(
         self, segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
     ) -> UtterancePlan: ...
+
+    def stream_summary(
+        self, stream: AudioStream, results: list[UtteranceDone], num_segments: int
+    ) -> tts_pb2.SynthesisSummary: ...
 
 
 logger = logging.getLogger(__name__)
@@ -284,15 +287,8 @@ class TextStream:
         """Queue the next utterance's talker request (text open)."""
         plan = self._prepared.plan
         index = len(self._utterances)
-        assert plan.sampling.seed is not None  # plan_synthesis always sets one
-        seed = segment_seed(plan.sampling.seed, index)
-        utterance = _Utterance(index, action.start, action.start + len(action.text), seed)
-        segment = SegmentPlan(
-            index=index,
-            start=utterance.text_start,
-            end=utterance.text_end,
-            plan=dataclasses.replace(plan, text=action.text, sampling=plan.sampling.replace(seed=seed)),
-        )
+        segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
+        utterance = _Utterance(index, segment.start, segment.end, segment.seed)
         stages = self._service.utterance_plan(
             segment, self._request_id, self._prepared.voice, self._prepared.output_plan
         )
@@ -357,17 +353,7 @@ class TextStream:
             metrics.STALLED_FRAMES.labels(stage=STAGE).inc(done.stalled_frames)
 
     def _summary(self, stream: AudioStream, results: list[UtteranceDone]) -> tts_pb2.SynthesisSummary:
-        spoken = [r for r in results if r.finish_reason != tts_pb2.FINISH_REASON_CANCELLED]
-        totals = stages_pb2.TalkerDone(
-            frames=sum(r.frames for r in results),
-            finish_reason=overall_finish_reason(spoken),
-            queue_ms=results[0].talker_done.queue_ms if results else 0.0,
-        )
-        summary = stream.summary(totals)
-        summary.num_segments = len(self._utterances)
-        summary.length_segments.extend(
-            r.index for r in results if r.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-        )
+        summary = self._service.stream_summary(stream, results, len(self._utterances))
         for utterance in self._utterances:
             done = utterance.done
             summary.segments.append(

@@ -35,13 +35,11 @@ from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.silence import DEFAULT_SILENCE_STOP, SilenceStop, silence_stop_sample
-from tts_common.synthesis import DEFAULT_SLOT_POSITIONS
 from tts_common.synthesis.segments import (
     SegmentPlan,
     plan_segments,
-    prompt_overhead,
+    request_segment_size,
     segment_request_id,
-    segment_size,
 )
 from tts_common.synthesis.validation import (
     RequestLimits,
@@ -272,11 +270,9 @@ class OfflineSynthesizer:
         for r, req in enumerate(requests):
             plan = plan_synthesis(req.to_proto(sampling), public, OFFLINE_LIMITS)
             voice = self._voice(plan)
-            ref_frames = voice.ref_codes.num_frames if voice.ref_codes is not None else 0
-            overhead = prompt_overhead(
-                count, instruct=plan.instruct, ref_text=voice.ref_text, ref_frames=ref_frames
+            size = request_segment_size(
+                count, plan, ref_text=voice.ref_text, ref_codes=voice.ref_codes, configured=segment_tokens
             )
-            size = segment_size(DEFAULT_SLOT_POSITIONS, overhead, segment_tokens)
             for segment in plan_segments(plan, size, count):
                 message = talker_request(
                     segment.plan,

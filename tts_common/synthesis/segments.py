@@ -25,11 +25,12 @@ import dataclasses
 from dataclasses import dataclass
 
 from tts_common.errors import InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
-from tts_common.text import Segment, TokenCounter, segment_text
+from tts_common.text import TokenCounter, segment_text
 from tts_common.text.tokenizer import INSTRUCT_TEMPLATE, REF_TEMPLATE
 
-from .budget import RUNAWAY_GUARD, RunawayGuard
+from .budget import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 from .validation import SynthesisPlan
 
 PROMPT_FIXED_POSITIONS = 11
@@ -85,9 +86,8 @@ def max_segment_tokens(max_seq_len: int, overhead: int, guard: RunawayGuard = RU
     budget (``guard.frames(T)``) fit a slot of ``max_seq_len`` positions (one kept spare, as the
     talker keeps it); 0 if not even one token fits."""
     room = max_seq_len - 1 - overhead - guard.base_frames
-    tokens = max(room // (1 + guard.frames_per_text_token), 0)
-    # guard.frames counts at least one token: a text of 0 tokens costs as much as one.
-    return tokens if tokens >= 1 and tokens + overhead + guard.frames(tokens) + 1 <= max_seq_len else 0
+    # For T >= 1, T + overhead + guard.frames(T) + 1 <= max_seq_len is (1 + per token) * T <= room.
+    return max(room // (1 + guard.frames_per_text_token), 0)
 
 
 def segment_size(max_seq_len: int, overhead: int, configured: int = 0) -> int:
@@ -100,6 +100,23 @@ def segment_size(max_seq_len: int, overhead: int, configured: int = 0) -> int:
             f"for text in a talker slot of {max_seq_len} positions (shorten the instruct or the reference)"
         )
     return min(configured, largest) if configured > 0 else largest
+
+
+def request_segment_size(
+    count_tokens: TokenCounter,
+    plan: SynthesisPlan,
+    *,
+    ref_text: str = "",
+    ref_codes: stages_pb2.Codes | None = None,
+    max_seq_len: int = 0,
+    configured: int = 0,
+) -> int:
+    """:func:`segment_size` of a request: its prompt overhead from ``plan``'s instruct and the
+    resolved voice's in-context reference (``ref_text``, ``ref_codes``), in a talker slot of
+    ``max_seq_len`` positions (0: :data:`~tts_common.synthesis.budget.DEFAULT_SLOT_POSITIONS`)."""
+    ref_frames = ref_codes.num_frames if ref_codes is not None else 0
+    overhead = prompt_overhead(count_tokens, instruct=plan.instruct, ref_text=ref_text, ref_frames=ref_frames)
+    return segment_size(max_seq_len or DEFAULT_SLOT_POSITIONS, overhead, configured)
 
 
 @dataclass(frozen=True)
@@ -130,7 +147,7 @@ def plan_segments(plan: SynthesisPlan, max_tokens: int, count_tokens: TokenCount
     pieces = segment_text(plan.text, max_tokens, count_tokens)
     if len(pieces) == 1:
         return [SegmentPlan(0, 0, len(plan.text), plan)]
-    return [_segment_plan(plan, k, piece) for k, piece in enumerate(pieces)]
+    return [segment_plan(plan, k, piece.start, piece.end, piece.text) for k, piece in enumerate(pieces)]
 
 
 FIRST_SEGMENT_PREFIX_CHARS = 20
@@ -161,18 +178,20 @@ def first_segment(
         return None
     if len(pieces) < 3:
         return None
-    return _segment_plan(plan, 0, pieces[0])
+    return segment_plan(plan, 0, pieces[0].start, pieces[0].end, pieces[0].text)
 
 
-def _segment_plan(plan: SynthesisPlan, index: int, piece: Segment) -> SegmentPlan:
+def segment_plan(plan: SynthesisPlan, index: int, start: int, end: int, text: str) -> SegmentPlan:
+    """Segment ``index`` of ``plan``: ``text`` (the request's text from ``start`` to ``end``)
+    with the segment's seed (:func:`segment_seed`); the rest of the plan unchanged."""
     seed = plan.sampling.seed
     assert seed is not None  # plan_synthesis always sets one
     return SegmentPlan(
         index=index,
-        start=piece.start,
-        end=piece.end,
+        start=start,
+        end=end,
         plan=dataclasses.replace(
-            plan, text=piece.text, sampling=plan.sampling.replace(seed=segment_seed(seed, index))
+            plan, text=text, sampling=plan.sampling.replace(seed=segment_seed(seed, index))
         ),
     )
 
@@ -185,6 +204,8 @@ __all__ = [
     "max_segment_tokens",
     "plan_segments",
     "prompt_overhead",
+    "request_segment_size",
+    "segment_plan",
     "segment_request_id",
     "segment_seed",
     "segment_size",

@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 
 from tests.helpers.fake_stages import model_info
 from tts_common.errors import InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.request_ids import MAX_REQUEST_ID_CHARS
 from tts_common.silence import SilenceDetector, SilenceStop, frame_level_dbfs, silence_stop_sample
@@ -23,6 +24,7 @@ from tts_common.synthesis.segments import (
     max_segment_tokens,
     plan_segments,
     prompt_overhead,
+    request_segment_size,
     segment_request_id,
     segment_seed,
     segment_size,
@@ -107,6 +109,32 @@ def test_prompt_overhead_counts_instruct_and_reference() -> None:
     assert prompt_overhead(estimate_tokens, ref_text="Hi.", ref_frames=0) == PROMPT_FIXED_POSITIONS
     a = prompt_overhead(estimate_tokens, ref_text="Hi.", ref_frames=10)
     assert prompt_overhead(estimate_tokens, ref_text="Hi.", ref_frames=30) == a + 20
+
+
+@PROPERTY
+@given(
+    ref_frames=st.integers(0, 1500),
+    ref_text=st.sampled_from(["", "Hi.", "A longer reference transcript, read aloud."]),
+    max_seq_len=st.sampled_from([0, 1024, 2048, 8192]),
+    configured=st.integers(0, 400),
+)
+def test_request_segment_size_sizes_the_prompt_of_the_request(
+    ref_frames: int, ref_text: str, max_seq_len: int, configured: int
+) -> None:
+    # The gateway's and the offline command's segment size: the reference counts by its frames,
+    # an unknown slot (0) is the default one.
+    plan = plan_of("Hello there.")
+    codes = stages_pb2.Codes(num_frames=ref_frames) if ref_frames else None
+    overhead = prompt_overhead(estimate_tokens, ref_text=ref_text, ref_frames=ref_frames)
+    slot = max_seq_len or 2048
+    kwargs = {"ref_text": ref_text, "ref_codes": codes, "max_seq_len": max_seq_len, "configured": configured}
+    if max_segment_tokens(slot, overhead) < 1:
+        with pytest.raises(InvalidRequestError):
+            request_segment_size(estimate_tokens, plan, **kwargs)
+    else:
+        assert request_segment_size(estimate_tokens, plan, **kwargs) == segment_size(
+            slot, overhead, configured
+        )
 
 
 # ---------------------------------------------------------------------------- segment plans

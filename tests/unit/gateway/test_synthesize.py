@@ -15,9 +15,11 @@ from pathlib import Path
 import av
 import grpc
 import numpy as np
+import pytest
 import soundfile as sf
 from prometheus_client import REGISTRY
 
+from gateway.pipeline import StageError
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tts_common.audio import float_to_pcm16, resample
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -284,6 +286,26 @@ def test_client_cancel_and_deadline_stop_the_talker() -> None:
             assert err.code() == grpc.StatusCode.DEADLINE_EXCEEDED, err
             await asyncio.wait_for(h.talker.stopped.wait(), 3)
             assert time.monotonic() - started < 3
+
+    run(main())
+
+
+def test_only_an_unavailable_talker_makes_the_model_info_refetched() -> None:
+    # Both Synthesize and StreamingSynthesize run in the admission, which invalidates the info.
+    async def main() -> None:
+        async with Harness() as h:
+            await h.synthesize(request())
+            cases = [
+                (StageError("talker", grpc.StatusCode.UNAVAILABLE, "gone"), 1),
+                (StageError("talker", grpc.StatusCode.INVALID_ARGUMENT, "refused"), 0),
+                (StageError("decoder", grpc.StatusCode.UNAVAILABLE, "gone"), 0),
+            ]
+            for error, refetches in cases:
+                calls = h.talker.model_info_calls
+                with pytest.raises(StageError), h.service.admission():
+                    raise error
+                await h.synthesize(request())
+                assert h.talker.model_info_calls == calls + refetches, error
 
     run(main())
 
