@@ -217,10 +217,14 @@ class StageClient(Generic[StubT]):
                 "healthy again" if healthy else "unhealthy",
             )
         endpoint.healthy = healthy
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._notify()
         for callback in self._listeners:
             callback()
+
+    def _notify(self) -> None:
+        """Wake every waiter on the current ``_changed`` event; later waiters get a fresh one."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def mark_failed(self, endpoint: Endpoint[StubT]) -> None:
         """A call on ``endpoint`` failed at the connection level: no new calls go to it until a
@@ -264,8 +268,7 @@ class StageClient(Generic[StubT]):
             self._set_health(endpoint, healthy)
             if first and endpoint.healthy is healthy:
                 # Wake first_checks_done even when the first result changed nothing.
-                changed, self._changed = self._changed, asyncio.Event()
-                changed.set()
+                self._notify()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(endpoint.recheck.wait(), interval)
 
