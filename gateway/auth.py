@@ -89,10 +89,6 @@ class ApiKeyInterceptor(RefusingInterceptor):
         self.keys = ApiKeys(keys)
         self._stage = stage
 
-    def is_valid(self, key: str) -> bool:
-        """Whether ``key`` is one of the configured keys (constant time per key)."""
-        return self.keys.is_valid(key)
-
     def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
         try:
             self.keys.authenticate(details.invocation_metadata)

@@ -12,7 +12,7 @@ holds the pieces :mod:`gateway.pipeline` (and the speaker call in :mod:`gateway.
   decoder and for checking a new talker's frames against those already forwarded;
 * :func:`trim_pcm` — the part of a replayed decoder chunk the client does not have yet;
 * :func:`call_with_failover` — a unary call retried on other replicas (stateless stages);
-* :func:`record_failover` — the log line and the metrics of one failover.
+* :func:`record_failover` — the log line and the count of one failover.
 """
 
 from __future__ import annotations
@@ -174,19 +174,11 @@ def trim_pcm(pcm: stages_pb2.PcmChunk, position: int, delivered: int) -> stages_
     )
 
 
-def record_failover(
-    peer: str,
-    result: str,
-    request_id: str,
-    detail: str,
-    seconds: float | None = None,
-) -> None:
-    """Log one failover of a ``peer`` stage call (with the request id) and count it:
-    ``qwen3tts_failovers_total{peer, result}`` and, for a completed one, the time until the
-    replacement's first new output (``qwen3tts_failover_seconds``)."""
+def record_failover(peer: str, result: str, request_id: str, detail: str) -> None:
+    """Log one failover of a ``peer`` stage call (with the request id) and count it
+    (``qwen3tts_failovers_total{peer, result}``). The time until the replacement's first new
+    output (``qwen3tts_failover_seconds``) is observed by the pipeline, which sees that output."""
     metrics.FAILOVERS.labels(stage=metrics.STAGE_GATEWAY, peer=peer, result=result).inc()
-    if seconds is not None:
-        metrics.FAILOVER_SECONDS.labels(stage=metrics.STAGE_GATEWAY, peer=peer).observe(seconds)
     level = logging.INFO if result == "ok" else logging.WARNING
     logger.log(level, "failover %s request %s: %s %s", peer, request_id, result, detail)
 

@@ -208,7 +208,8 @@ class SynthesisPipeline:
         self._policy = failover or FailoverPolicy()
         if not (isinstance(talker, StageClient) and isinstance(decoder, StageClient)):
             self._policy = dataclasses.replace(self._policy, attempts=0)
-        self._frames = FrameLog(self._policy.max_frames)
+        # Without failover nothing replays or compares the frames: the log only counts them.
+        self._frames = FrameLog(self._policy.max_frames if self._policy.attempts > 0 else 0)
         self._end_sent = False
         self._decoder_lock = asyncio.Lock()
         self._decoder_replaced = asyncio.Event()

@@ -136,19 +136,27 @@ class StageClient(Generic[StubT]):
         start = next(self._rr) % n if n > 1 else 0
         return self.endpoints[start:] + self.endpoints[:start]
 
-    def _choose(self, exclude: Collection[Endpoint[StubT]] = ()) -> Endpoint[StubT]:
+    def _candidates(
+        self, exclude: Collection[Endpoint[StubT]], *, usable_only: bool = False
+    ) -> list[Endpoint[StubT]]:
+        """The endpoints one call may go to, in round-robin order: the usable ones not in
+        ``exclude``, else all usable ones, else (unless ``usable_only``: then none) all."""
         ordered = self._ordered()
         healthy = [e for e in ordered if e.usable()]
         preferred = [e for e in healthy if e not in exclude]
-        candidates = preferred or healthy or ordered
-        return min(candidates, key=lambda e: e.in_flight)  # min keeps the first of ties
+        return preferred or healthy or ([] if usable_only else ordered)
+
+    @staticmethod
+    def _take(candidates: Sequence[Endpoint[StubT]]) -> Endpoint[StubT]:
+        """The candidate with the fewest calls in flight, counted as one more in flight."""
+        endpoint = min(candidates, key=lambda e: e.in_flight)  # min keeps the first of ties
+        endpoint.in_flight += 1
+        return endpoint
 
     def acquire(self, exclude: Collection[Endpoint[StubT]] = ()) -> Endpoint[StubT]:
         """An endpoint to run one request on (usable ones first, avoiding ``exclude`` while
         another usable one exists), counted as in flight until :meth:`release`."""
-        endpoint = self._choose(exclude)
-        endpoint.in_flight += 1
-        return endpoint
+        return self._take(self._candidates(exclude))
 
     def release(self, endpoint: Endpoint[StubT]) -> None:
         """End the in-flight count of an :meth:`acquire`."""
@@ -173,12 +181,9 @@ class StageClient(Generic[StubT]):
         deadline = loop.time() + timeout
         while True:
             changed = self._changed  # taken before looking, so no change can be missed
-            healthy = [e for e in self._ordered() if e.usable()]
-            if healthy:
-                fresh = [e for e in healthy if e not in failed]
-                endpoint = min(fresh or healthy, key=lambda e: e.in_flight)
-                endpoint.in_flight += 1
-                return endpoint
+            candidates = self._candidates(failed, usable_only=True)
+            if candidates:
+                return self._take(candidates)
             remaining = deadline - loop.time()
             if remaining <= 0:
                 return None
@@ -212,10 +217,14 @@ class StageClient(Generic[StubT]):
                 "healthy again" if healthy else "unhealthy",
             )
         endpoint.healthy = healthy
-        changed, self._changed = self._changed, asyncio.Event()
-        changed.set()
+        self._notify()
         for callback in self._listeners:
             callback()
+
+    def _notify(self) -> None:
+        """Wake every waiter on the current ``_changed`` event; later waiters get a fresh one."""
+        changed, self._changed = self._changed, asyncio.Event()
+        changed.set()
 
     def mark_failed(self, endpoint: Endpoint[StubT]) -> None:
         """A call on ``endpoint`` failed at the connection level: no new calls go to it until a
@@ -259,8 +268,7 @@ class StageClient(Generic[StubT]):
             self._set_health(endpoint, healthy)
             if first and endpoint.healthy is healthy:
                 # Wake first_checks_done even when the first result changed nothing.
-                changed, self._changed = self._changed, asyncio.Event()
-                changed.set()
+                self._notify()
             with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(endpoint.recheck.wait(), interval)
 

@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Iterable, Sequence
+from collections.abc import AsyncIterable, AsyncIterator, Sequence
 from dataclasses import dataclass, field
 
 import grpc
@@ -345,12 +345,6 @@ class UtteranceSequence:
         )
 
 
-async def plans_of(plans: Iterable[UtterancePlan]) -> AsyncIterator[UtterancePlan]:
-    """The plans of a known list as the async iterable :meth:`UtteranceSequence.events` takes."""
-    for plan in plans:
-        yield plan
-
-
 def overall_finish_reason(results: Sequence[UtteranceDone]) -> int:
     """The finish reason of a whole stream: LENGTH if any utterance hit its budget, else SILENCE
     if the silence stop ended any, else EOS."""
@@ -392,6 +386,5 @@ __all__ = [
     "UtteranceSequence",
     "UtteranceStarted",
     "overall_finish_reason",
-    "plans_of",
     "segment_summaries",
 ]

@@ -78,11 +78,9 @@ class HttpApi:
     # --- dependencies of the /v1 routes ---------------------------------------------------------
     def check_ready(self) -> None:
         """UNAVAILABLE (503) unless the process is serving."""
-        health = self.health
-        if health is None or health.ready:
-            return
-        reason = "shutting down" if health.shutting_down else "not serving (starting up or unhealthy)"
-        raise UnavailableError(f"server {reason}")
+        reason = None if self.health is None else self.health.refusal_reason()
+        if reason is not None:
+            raise UnavailableError(reason)
 
     def check_key(self, request: Request) -> None:
         """UNAUTHENTICATED (401) / PERMISSION_DENIED (403) unless the request carries a key."""
@@ -192,7 +190,7 @@ class HttpApi:
         # Readiness, as the gRPC service's status: the k8s readiness probe and the Compose
         # healthcheck use this, so it also fails while a stage the gateway needs is unreachable.
         health = self.health
-        if health is None or (health.ready and not health.unmet_dependencies):
+        if health is None or health.services_ready:
             return JSONResponse({"status": "serving"})
         if health.shutting_down:
             return JSONResponse({"status": "shutting_down"}, status_code=503)

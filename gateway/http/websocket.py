@@ -176,10 +176,7 @@ class SpeechStream:
         try:
             self.api.check_ready()
             messages = self.messages()
-            config_message = await anext(messages, None)
-            if config_message is None:  # "end" first
-                config_message = tts_pb2.StreamingSynthesizeRequest()
-            config = await _first_config(config_message)
+            config = await read_config(messages)
             with request_context(self.request_id):
                 responses = self.api.service.stream_synthesize(
                     config, messages, self.request_id, received=received, speed=self.speed
@@ -219,16 +216,6 @@ class SpeechStream:
             )
         elif kind == "summary":
             await self.websocket.send_json({"type": "summary", "summary": summary_object(response.summary)})
-
-
-async def _first_config(message: tts_pb2.StreamingSynthesizeRequest) -> tts_pb2.SynthesizeRequest:
-    """The configuration, checked as gRPC checks a first message."""
-
-    async def one() -> AsyncIterator[tts_pb2.StreamingSynthesizeRequest]:
-        if message.WhichOneof("message") is not None:
-            yield message
-
-    return await read_config(one())
 
 
 __all__ = ["STREAM_PATH", "SpeechStream", "StreamConfig"]

@@ -82,8 +82,8 @@ class ServingHealth:
 
     def _publish(self) -> None:
         up = self._marked_ready and not self._shutting_down
-        ready = up and all(self._dependencies.values())
         self.servicer.set("", self.SERVING if up else self.NOT_SERVING)
+        ready = self.services_ready
         for name in self.service_names[1:]:
             self.servicer.set(name, self.SERVING if ready else self.NOT_SERVING)
         if self._stage:
@@ -95,8 +95,23 @@ class ServingHealth:
         return self.servicer.get("") == self.SERVING
 
     @property
+    def services_ready(self) -> bool:
+        """Whether the served services are SERVING (readiness): :attr:`ready` and every
+        dependency available."""
+        return self.ready and all(self._dependencies.values())
+
+    @property
     def shutting_down(self) -> bool:
         return self._shutting_down
+
+    def refusal_reason(self) -> str | None:
+        """Why the server refuses work while not :attr:`ready` (the message of its UNAVAILABLE
+        answers, gRPC and HTTP alike); None while ready."""
+        if self.ready:
+            return None
+        if self._shutting_down:
+            return "server shutting down"
+        return "server not serving (starting up or unhealthy)"
 
     @property
     def unmet_dependencies(self) -> tuple[str, ...]:

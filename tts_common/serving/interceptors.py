@@ -46,10 +46,8 @@ class ReadinessInterceptor(RefusingInterceptor):
         self._health = health
 
     def refusal(self, details: grpc.HandlerCallDetails) -> tuple[grpc.StatusCode, str] | None:
-        if self._health.ready:
-            return None
-        reason = "shutting down" if self._health.shutting_down else "not serving (starting up or unhealthy)"
-        return grpc.StatusCode.UNAVAILABLE, f"server {reason}"
+        reason = self._health.refusal_reason()
+        return None if reason is None else (grpc.StatusCode.UNAVAILABLE, reason)
 
 
 def aborting_handler(

@@ -25,6 +25,8 @@ import pytest
 from google.protobuf import descriptor_pb2
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tts_common import errors, metrics
 from tts_common.logging_setup import current_request_id, request_context, setup_logging
@@ -179,6 +181,52 @@ def test_health_not_serving_until_ready() -> None:
             await server.stop(0)
 
     run(body())
+
+
+_HEALTH_STEPS = st.lists(
+    st.one_of(
+        st.just(("ready", None)),
+        st.just(("not_serving", None)),
+        st.just(("shutdown", None)),
+        st.tuples(st.just("dependency"), st.tuples(st.sampled_from(["a", "b"]), st.booleans())),
+    ),
+    max_size=12,
+)
+
+
+@given(steps=_HEALTH_STEPS)
+def test_health_readiness_and_refusal_reason_follow_the_published_statuses(
+    steps: list[tuple[str, Any]],
+) -> None:
+    """``services_ready`` is what the services' health status says, and ``refusal_reason`` is
+    None exactly while the overall status is SERVING, naming a shutdown as such."""
+    health = ServingHealth([TTS])
+    marked = shutting_down = False
+    dependencies: dict[str, bool] = {}
+    for step, argument in [("start", None), *steps]:
+        if step == "ready":
+            health.mark_ready()
+            marked = True
+        elif step == "not_serving":
+            health.mark_not_serving()
+            marked = False
+        elif step == "shutdown":
+            health.enter_graceful_shutdown()
+            shutting_down = True
+        elif step == "dependency":
+            health.set_dependency(*argument)
+            dependencies[argument[0]] = argument[1]
+        up = marked and not shutting_down
+        assert health.ready is up
+        assert health.status("") == (SERVING if up else NOT_SERVING)
+        assert health.services_ready is (up and all(dependencies.values()))
+        assert health.status(TTS) == (SERVING if health.services_ready else NOT_SERVING)
+        if up:
+            assert health.refusal_reason() is None
+        elif shutting_down:
+            assert health.refusal_reason() == "server shutting down"
+        else:
+            assert health.refusal_reason() == "server not serving (starting up or unhealthy)"
 
 
 async def reflect(
