@@ -9,7 +9,14 @@ from hypothesis import strategies as st
 
 from gateway.config import FLAGS, gateway_config_from_args
 from qwen3_tts.cli import build_parser
-from qwen3_tts.local_stack import is_replicated, on_free_ports, should_restart, stage_commands
+from qwen3_tts.local_stack import (
+    is_replicated,
+    on_free_ports,
+    replica_name,
+    should_restart,
+    stage_commands,
+    stage_of,
+)
 
 
 def _flag(args: list[str], name: str) -> str:
@@ -36,7 +43,7 @@ def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
     names = [s.name for s in stages]
     assert names[:3] == ["talker", "decoder", "speaker"] and names[-1] == "gateway"
     for kind in ("talker", "decoder"):
-        assert [n for n in names if n.split("-")[0] == kind] == [kind] + [
+        assert [n for n in names if stage_of(n) == kind] == [kind] + [
             f"{kind}-{k}" for k in range(2, replicas + 1)
         ]
     ports = [s.port for s in stages]
@@ -44,7 +51,7 @@ def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
     assert sorted(ports[:-1]) == list(range(base, base + 2 * replicas + 1))  # consecutive from base
     for stage in stages[:-1]:
         assert _flag(stage.args, "--port") == str(stage.port)
-        assert stage.args[2] == f"{stage.name.split('-')[0]}_service"
+        assert stage.args[2] == f"{stage_of(stage.name)}_service"
         assert is_replicated(stage.name) == (stage.name != "speaker")
     if metrics:
         metric_ports = [_flag(s.args, "--metrics-port") for s in stages]
@@ -52,9 +59,16 @@ def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
     on_free_ports(stages)
     config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
     for kind, targets in (("talker", config.talker_targets), ("decoder", config.decoder_targets)):
-        assert targets == tuple(s.address for s in stages if s.name.split("-")[0] == kind)
+        assert targets == tuple(s.address for s in stages if stage_of(s.name) == kind)
         assert len(targets) == replicas
     assert config.speaker_targets == (stages[2].address,)
+
+
+@given(stage=st.sampled_from(["talker", "decoder", "speaker", "gateway"]), index=st.integers(0, 50))
+def test_stage_of_inverts_replica_name(stage: str, index: int) -> None:
+    name = replica_name(stage, index)
+    assert stage_of(name) == stage
+    assert (name == stage) == (index == 0)
 
 
 def test_up_flag() -> None:
