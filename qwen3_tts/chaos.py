@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -39,6 +38,7 @@ from .local_stack import (
     on_free_ports,
     stage_commands,
     stage_of,
+    start_logged,
     stop_all,
     wait_until_serving,
 )
@@ -159,8 +159,7 @@ class _Stack:
     def start(self, stage: StageProcess) -> None:
         env = os.environ.copy()
         env.setdefault("OMP_NUM_THREADS", "1")
-        with open(self.log_dir / f"{stage.name}.log", "ab") as log:
-            stage.process = subprocess.Popen(stage.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        start_logged(stage, self.log_dir / f"{stage.name}.log", env)
 
     def replicas(self) -> list[StageProcess]:
         return [s for s in self.stages if is_replicated(s.name)]

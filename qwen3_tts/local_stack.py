@@ -57,6 +57,13 @@ def free_port() -> int:
         return port
 
 
+def start_logged(stage: StageProcess, log: Path, env: Mapping[str, str]) -> None:
+    """Start ``stage`` with environment ``env``, its stdout and stderr appended to ``log`` (a
+    restarted process's output follows its predecessor's)."""
+    with open(log, "ab") as out:  # the child holds its own descriptor
+        stage.process = subprocess.Popen(stage.args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 def on_free_ports(stages: list[StageProcess]) -> None:
     """Re-point every process of :func:`stage_commands` (which numbers ports consecutively from
     a base) at a free port, the gateway's targets at them, and the gateway's HTTP API (unless

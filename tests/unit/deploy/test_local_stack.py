@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hypothesis import given
@@ -10,12 +11,14 @@ from hypothesis import strategies as st
 from gateway.config import FLAGS, gateway_config_from_args
 from qwen3_tts.cli import build_parser
 from qwen3_tts.local_stack import (
+    StageProcess,
     is_replicated,
     on_free_ports,
     replica_name,
     should_restart,
     stage_commands,
     stage_of,
+    start_logged,
 )
 
 
@@ -69,6 +72,16 @@ def test_stage_of_inverts_replica_name(stage: str, index: int) -> None:
     name = replica_name(stage, index)
     assert stage_of(name) == stage
     assert (name == stage) == (index == 0)
+
+
+def test_start_logged_appends_both_streams_with_the_given_environment(tmp_path: Path) -> None:
+    code = "import os, sys; print(os.environ['MARK'], flush=True); print('err', file=sys.stderr)"
+    stage = StageProcess("talker", 0, [sys.executable, "-c", code])
+    log = tmp_path / "talker.log"
+    for mark in ("first", "second"):  # a restart appends to its predecessor's log
+        start_logged(stage, log, {"MARK": mark})
+        assert stage.process is not None and stage.process.wait(30) == 0
+    assert log.read_text().split() == ["first", "err", "second", "err"]
 
 
 def test_up_flag() -> None:
