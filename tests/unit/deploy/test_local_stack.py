@@ -20,10 +20,7 @@ from qwen3_tts.local_stack import (
     stage_of,
     start_logged,
 )
-
-
-def _flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
+from tests.helpers.compose import flag_value
 
 
 def test_one_replica_is_the_classic_four_processes() -> None:
@@ -34,8 +31,8 @@ def test_one_replica_is_the_classic_four_processes() -> None:
         ("speaker", 50054),
         ("gateway", 50051),
     ]
-    assert [_flag(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
-    assert _flag(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
+    assert [flag_value(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
+    assert flag_value(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
 
 
 @given(replicas=st.integers(1, 6), base=st.integers(1024, 60000), metrics=st.booleans())
@@ -53,11 +50,11 @@ def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
     assert len(set(ports)) == len(ports)
     assert sorted(ports[:-1]) == list(range(base, base + 2 * replicas + 1))  # consecutive from base
     for stage in stages[:-1]:
-        assert _flag(stage.args, "--port") == str(stage.port)
+        assert flag_value(stage.args, "--port") == str(stage.port)
         assert stage.args[2] == f"{stage_of(stage.name)}_service"
         assert is_replicated(stage.name) == (stage.name != "speaker")
     if metrics:
-        metric_ports = [_flag(s.args, "--metrics-port") for s in stages]
+        metric_ports = [flag_value(s.args, "--metrics-port") for s in stages]
         assert len(set(metric_ports)) == len(metric_ports)
     on_free_ports(stages)
     config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
@@ -84,7 +81,7 @@ def test_start_logged_appends_both_streams_with_the_given_environment(tmp_path: 
     assert log.read_text().split() == ["first", "err", "second", "err"]
 
 
-def test_up_flag() -> None:
+def test_upflag_value() -> None:
     assert build_parser().parse_args(["up"]).replicas == 1
     assert build_parser().parse_args(["up", "--replicas", "3"]).replicas == 3
 
