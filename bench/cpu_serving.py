@@ -36,7 +36,6 @@ import json
 import os
 import platform
 import random
-import socket
 import subprocess
 import sys
 import time
@@ -53,8 +52,10 @@ import load
 from qwen3_tts.dev_model import make_dev_model
 from qwen3_tts.local_stack import (
     StageProcess,
+    on_free_ports,
     stage_commands,
     stage_environment,
+    start_logged,
     stop_all,
     wait_until_serving,
 )
@@ -160,34 +161,23 @@ def bench_offline(model: Path, dtype: str, speaker: str, max_new_tokens: int, ba
 # The stack
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @contextlib.contextmanager
 def running_stack(model: Path, dtype: str, max_slots: int, log_dir: Path):
-    """The four processes of ``qwen3-tts up`` on free loopback ports, SERVING; stopped on exit."""
-    ports = [free_port() for _ in range(4)]
-    stages = stage_commands(model, "127.0.0.1", ports[0], ports[1], "cpu", False)
-    for stage, port in zip(stages[:3], ports[1:]):
-        stage.port = port
-        stage.args[stage.args.index("--port") + 1] = str(port)
-    for flag, port in zip(["--talker-targets", "--decoder-targets", "--speaker-targets"], ports[1:]):
-        stages[3].args[stages[3].args.index(flag) + 1] = f"127.0.0.1:{port}"
+    """The four processes of ``qwen3-tts up`` on free loopback ports (the gateway's HTTP API too,
+    clear of a running ``qwen3-tts up``), SERVING; stopped on exit."""
+    stages = stage_commands(model, "127.0.0.1", 0, 0, "cpu", False)
+    on_free_ports(stages)
     env = stage_environment(os.environ) | {
         "QWEN3TTS_DTYPE": dtype,
         "QWEN3TTS_TALKER_MAX_SLOTS": str(max_slots),
         "QWEN3TTS_GATEWAY_MAX_CONCURRENT_STREAMS": str(max(64, 2 * max_slots)),
     }
     log_dir.mkdir(parents=True, exist_ok=True)
-    import subprocess
-
     try:
         for stage in stages:
-            log = open(log_dir / f"{stage.name}-{dtype}.log", "w")
-            stage.process = subprocess.Popen(stage.args, env=env, stdout=log, stderr=subprocess.STDOUT)
+            log = log_dir / f"{stage.name}-{dtype}.log"
+            log.unlink(missing_ok=True)  # this run's output only
+            start_logged(stage, log, env)
         wait_until_serving(stages, timeout=1200)
         yield stages
     finally:
@@ -244,7 +234,7 @@ async def _warm(gateway: str, speaker: str) -> None:
 def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace) -> dict[str, Any]:
     ladder = [int(c) for c in opts.concurrency.split(",")]
     with running_stack(model, dtype, max(ladder), opts.work_dir / "logs") as stages:
-        gateway = stages[3].address
+        gateway = next(s for s in stages if s.name == "gateway").address
         time.sleep(2.0)  # let start-up allocations settle before the idle figure
         out: dict[str, Any] = {"resident_mib_idle": resident(stages)}
         asyncio.run(_warm(gateway, speaker))

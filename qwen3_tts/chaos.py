@@ -20,7 +20,6 @@ import asyncio
 import os
 import re
 import signal
-import subprocess
 import threading
 import time
 from collections import Counter
@@ -32,7 +31,17 @@ import numpy as np
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
-from .local_stack import StageProcess, is_serving, on_free_ports, stage_commands, stop_all, wait_until_serving
+from .local_stack import (
+    StageProcess,
+    is_replicated,
+    is_serving,
+    on_free_ports,
+    stage_commands,
+    stage_of,
+    start_logged,
+    stop_all,
+    wait_until_serving,
+)
 
 TOLERANCE = 1e-4
 """Largest sample difference accepted between a stream and its reference (the decoder's
@@ -150,16 +159,15 @@ class _Stack:
     def start(self, stage: StageProcess) -> None:
         env = os.environ.copy()
         env.setdefault("OMP_NUM_THREADS", "1")
-        with open(self.log_dir / f"{stage.name}.log", "ab") as log:
-            stage.process = subprocess.Popen(stage.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+        start_logged(stage, self.log_dir / f"{stage.name}.log", env)
 
     def replicas(self) -> list[StageProcess]:
-        return [s for s in self.stages if s.name.split("-")[0] in ("talker", "decoder")]
+        return [s for s in self.stages if is_replicated(s.name)]
 
     def siblings_up(self, victim: StageProcess) -> bool:
         """Whether every other replica of ``victim``'s stage runs, is not frozen, and serves."""
-        kind = victim.name.split("-")[0]
-        others = [s for s in self.replicas() if s.name.split("-")[0] == kind and s is not victim]
+        kind = stage_of(victim.name)
+        others = [s for s in self.replicas() if stage_of(s.name) == kind and s is not victim]
         return bool(others) and all(
             s.process is not None
             and s.process.poll() is None

@@ -271,12 +271,10 @@ def _add_health(sub: argparse._SubParsersAction) -> None:
 
 
 def health_channel_credentials(args: argparse.Namespace) -> grpc.ChannelCredentials | None:
-    """TLS credentials for ``qwen3-tts health`` (None: plaintext). ValueError for a half
-    client-certificate pair."""
+    """TLS credentials for ``qwen3-tts health``'s gRPC addresses (None: plaintext); the PEM files
+    are read here, once per command (:func:`cmd_health` has checked the client-certificate pair)."""
     import grpc
 
-    if bool(args.tls_cert) != bool(args.tls_key):
-        raise ValueError("--tls-cert and --tls-key must be given together")
     if not (args.tls or args.tls_ca or args.tls_cert):
         return None
 
@@ -322,15 +320,18 @@ def health_ssl_context(args: argparse.Namespace) -> ssl.SSLContext:
 def cmd_health(args: argparse.Namespace) -> int:
     if bool(args.tls_cert) != bool(args.tls_key):
         raise ValueError("--tls-cert and --tls-key must be given together")
-    checks = [_http_health if a.startswith(("http://", "https://")) else _grpc_health for a in args.addresses]
-    return max(check(address, args) for check, address in zip(checks, args.addresses))
+    is_http = [a.startswith(("http://", "https://")) for a in args.addresses]
+    credentials = health_channel_credentials(args) if not all(is_http) else None
+    return max(
+        _http_health(address, args) if http else _grpc_health(address, args, credentials)
+        for http, address in zip(is_http, args.addresses)
+    )
 
 
-def _grpc_health(address: str, args: argparse.Namespace) -> int:
+def _grpc_health(address: str, args: argparse.Namespace, credentials: grpc.ChannelCredentials | None) -> int:
     import grpc
     from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-    credentials = health_channel_credentials(args)
     try:
         if credentials is None:
             channel = grpc.insecure_channel(address)

@@ -57,6 +57,13 @@ def free_port() -> int:
         return port
 
 
+def start_logged(stage: StageProcess, log: Path, env: Mapping[str, str]) -> None:
+    """Start ``stage`` with environment ``env``, its stdout and stderr appended to ``log`` (a
+    restarted process's output follows its predecessor's)."""
+    with open(log, "ab") as out:  # the child holds its own descriptor
+        stage.process = subprocess.Popen(stage.args, stdout=out, stderr=subprocess.STDOUT, env=env)
+
+
 def on_free_ports(stages: list[StageProcess]) -> None:
     """Re-point every process of :func:`stage_commands` (which numbers ports consecutively from
     a base) at a free port, the gateway's targets at them, and the gateway's HTTP API (unless
@@ -70,13 +77,18 @@ def on_free_ports(stages: list[StageProcess]) -> None:
         if gateway.args[at] != "0":
             gateway.args[at] = str(free_port())
     for kind in ("talker", "decoder", "speaker"):
-        targets = [s.address for s in stages if s.name.split("-")[0] == kind]
+        targets = [s.address for s in stages if stage_of(s.name) == kind]
         gateway.args[gateway.args.index(f"--{kind}-targets") + 1] = ",".join(targets)
 
 
 def replica_name(stage: str, index: int) -> str:
     """Process name of replica ``index`` (0-based) of ``stage``: talker, talker-2, talker-3, ..."""
     return stage if index == 0 else f"{stage}-{index + 1}"
+
+
+def stage_of(name: str) -> str:
+    """The stage a process name of :func:`replica_name` runs: talker-2 -> talker."""
+    return name.split("-")[0]
 
 
 def stage_commands(
@@ -161,7 +173,7 @@ def stage_commands(
 
 def is_replicated(name: str) -> bool:
     """Whether process ``name`` is a talker or decoder replica (``up --replicas`` runs N each)."""
-    return name.split("-")[0] in ("talker", "decoder")
+    return stage_of(name) in ("talker", "decoder")
 
 
 RESTART_MIN_UPTIME_S = 10.0

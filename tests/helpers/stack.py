@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -15,6 +14,7 @@ from qwen3_tts.local_stack import (
     free_port,
     on_free_ports,
     stage_commands,
+    start_logged,
     stop_all,
     wait_until_serving,
 )
@@ -45,8 +45,7 @@ def start_stage(stage: StageProcess, log_dir: Path, extra_env: dict[str, str] | 
     env = os.environ.copy()
     env.setdefault("OMP_NUM_THREADS", "1")
     env.update(extra_env or {})
-    log = open(log_dir / f"{stage.name}.log", "ab")
-    stage.process = subprocess.Popen(stage.args, stdout=log, stderr=subprocess.STDOUT, env=env)
+    start_logged(stage, log_dir / f"{stage.name}.log", env)
 
 
 @contextmanager

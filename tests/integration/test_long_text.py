@@ -19,6 +19,7 @@ import soundfile as sf
 
 from qwen3_tts.dev_model import make_dev_model
 from tests.helpers.stack import running_stack
+from tests.helpers.synthesis import chunks_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 from tts_common.synthesis.segments import PROMPT_FIXED_POSITIONS, max_segment_tokens, segment_seed
 from tts_common.text import segment_text
@@ -64,10 +65,6 @@ def synthesize(stub: tts_pb2_grpc.TextToSpeechStub, text: str, seed: int = SEED)
     return metas, chunks, summary
 
 
-def audio_of(chunks) -> np.ndarray:
-    return np.frombuffer(b"".join(c.data for c in chunks), "<f4")
-
-
 @pytest.fixture(scope="module")
 def dev_model(tmp_path_factory):
     return make_dev_model(tmp_path_factory.mktemp("dev") / "custom_voice", "custom_voice")
@@ -88,7 +85,7 @@ def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack)
         metas, chunks, summary = synthesize(stub, text)
         elapsed = time.monotonic() - began
         assert elapsed < 60, elapsed
-        audio = audio_of(chunks)
+        audio = chunks_audio(chunks)
 
         # One metadata, chunks continuous, the summary's totals.
         assert metas == 1 and summary is not None
@@ -124,7 +121,7 @@ def test_20k_characters_stream_as_one_continuous_utterance(dev_model, dev_stack)
                 stub, text[segment.text_start : segment.text_end], segment.seed
             )
             assert metas == 1 and summary.num_segments == 1
-            return segment.index, audio_of(chunks)
+            return segment.index, chunks_audio(chunks)
 
         with ThreadPoolExecutor(8) as pool:
             for index, one in pool.map(alone, segments):
@@ -177,7 +174,7 @@ def test_offline_text_file_is_the_segments_one_by_one(dev_model, dev_stack, tmp_
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
 
         def alone(k: int) -> np.ndarray:
-            return audio_of(synthesize(stub, pieces[k].text, segment_seed(SEED, k))[1])
+            return chunks_audio(synthesize(stub, pieces[k].text, segment_seed(SEED, k))[1])
 
         with ThreadPoolExecutor(8) as pool:
             expected = np.concatenate(list(pool.map(alone, range(len(pieces)))))

@@ -17,6 +17,7 @@ from hypothesis import strategies as st
 
 from qwen3_tts.dev_model import make_dev_model
 from tests.helpers.stack import running_stack
+from tests.helpers.synthesis import cut, responses_audio
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -34,10 +35,6 @@ def settings_for(seed: int, max_new_tokens: int, **kwargs: object) -> tts_pb2.Sy
         output=FLOAT32,
         **kwargs,  # type: ignore[arg-type]
     )
-
-
-def audio_of(responses: list[tts_pb2.SynthesizeResponse]) -> np.ndarray:
-    return np.frombuffer(b"".join(r.audio.data for r in responses if r.HasField("audio")), "<f4")
 
 
 @pytest.fixture(scope="module")
@@ -65,8 +62,7 @@ def test_any_split_equals_one_synthesize(stub, cuts: list[int], pauses: list[flo
     whole.CopyFrom(config)
     whole.text = TEXT
     expected = list(stub.Synthesize(whole, timeout=120))
-    points = [0, *sorted(cuts), len(TEXT)]
-    deltas = [TEXT[a:b] for a, b in zip(points, points[1:], strict=False)]
+    deltas = cut(TEXT, cuts)
 
     def messages() -> Iterator[Message]:
         yield Message(config=config)
@@ -78,7 +74,7 @@ def test_any_split_equals_one_synthesize(stub, cuts: list[int], pauses: list[flo
     kinds = [r.WhichOneof("payload") for r in responses]
     assert kinds[0] == "metadata" and kinds[-2:] == ["utterance_end", "summary"], kinds
     assert responses[0].metadata.sampling == expected[0].metadata.sampling
-    streamed, one_shot = audio_of(responses), audio_of(expected)
+    streamed, one_shot = responses_audio(responses), responses_audio(expected)
     assert streamed.size > 0
     np.testing.assert_array_equal(streamed, one_shot)
     end = responses[-2].utterance_end

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 from hypothesis import given
@@ -9,11 +10,17 @@ from hypothesis import strategies as st
 
 from gateway.config import FLAGS, gateway_config_from_args
 from qwen3_tts.cli import build_parser
-from qwen3_tts.local_stack import is_replicated, on_free_ports, should_restart, stage_commands
-
-
-def _flag(args: list[str], name: str) -> str:
-    return args[args.index(name) + 1]
+from qwen3_tts.local_stack import (
+    StageProcess,
+    is_replicated,
+    on_free_ports,
+    replica_name,
+    should_restart,
+    stage_commands,
+    stage_of,
+    start_logged,
+)
+from tests.helpers.compose import flag_value
 
 
 def test_one_replica_is_the_classic_four_processes() -> None:
@@ -24,8 +31,8 @@ def test_one_replica_is_the_classic_four_processes() -> None:
         ("speaker", 50054),
         ("gateway", 50051),
     ]
-    assert [_flag(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
-    assert _flag(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
+    assert [flag_value(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
+    assert flag_value(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
 
 
 @given(replicas=st.integers(1, 6), base=st.integers(1024, 60000), metrics=st.booleans())
@@ -36,28 +43,45 @@ def test_replicas_get_their_own_ports_and_are_all_gateway_targets(
     names = [s.name for s in stages]
     assert names[:3] == ["talker", "decoder", "speaker"] and names[-1] == "gateway"
     for kind in ("talker", "decoder"):
-        assert [n for n in names if n.split("-")[0] == kind] == [kind] + [
+        assert [n for n in names if stage_of(n) == kind] == [kind] + [
             f"{kind}-{k}" for k in range(2, replicas + 1)
         ]
     ports = [s.port for s in stages]
     assert len(set(ports)) == len(ports)
     assert sorted(ports[:-1]) == list(range(base, base + 2 * replicas + 1))  # consecutive from base
     for stage in stages[:-1]:
-        assert _flag(stage.args, "--port") == str(stage.port)
-        assert stage.args[2] == f"{stage.name.split('-')[0]}_service"
+        assert flag_value(stage.args, "--port") == str(stage.port)
+        assert stage.args[2] == f"{stage_of(stage.name)}_service"
         assert is_replicated(stage.name) == (stage.name != "speaker")
     if metrics:
-        metric_ports = [_flag(s.args, "--metrics-port") for s in stages]
+        metric_ports = [flag_value(s.args, "--metrics-port") for s in stages]
         assert len(set(metric_ports)) == len(metric_ports)
     on_free_ports(stages)
     config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
     for kind, targets in (("talker", config.talker_targets), ("decoder", config.decoder_targets)):
-        assert targets == tuple(s.address for s in stages if s.name.split("-")[0] == kind)
+        assert targets == tuple(s.address for s in stages if stage_of(s.name) == kind)
         assert len(targets) == replicas
     assert config.speaker_targets == (stages[2].address,)
 
 
-def test_up_flag() -> None:
+@given(stage=st.sampled_from(["talker", "decoder", "speaker", "gateway"]), index=st.integers(0, 50))
+def test_stage_of_inverts_replica_name(stage: str, index: int) -> None:
+    name = replica_name(stage, index)
+    assert stage_of(name) == stage
+    assert (name == stage) == (index == 0)
+
+
+def test_start_logged_appends_both_streams_with_the_given_environment(tmp_path: Path) -> None:
+    code = "import os, sys; print(os.environ['MARK'], flush=True); print('err', file=sys.stderr)"
+    stage = StageProcess("talker", 0, [sys.executable, "-c", code])
+    log = tmp_path / "talker.log"
+    for mark in ("first", "second"):  # a restart appends to its predecessor's log
+        start_logged(stage, log, {"MARK": mark})
+        assert stage.process is not None and stage.process.wait(30) == 0
+    assert log.read_text().split() == ["first", "err", "second", "err"]
+
+
+def test_upflag_value() -> None:
     assert build_parser().parse_args(["up"]).replicas == 1
     assert build_parser().parse_args(["up", "--replicas", "3"]).replicas == 3
 

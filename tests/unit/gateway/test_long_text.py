@@ -14,6 +14,7 @@ from prometheus_client import REGISTRY
 from gateway.service import INLINE_SEGMENTING_CHARS
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tests.helpers.fixtures import CKPT_DIR
+from tests.helpers.synthesis import chunks_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.segments import segment_seed
 from tts_common.text import estimate_tokens, segment_text
@@ -45,10 +46,6 @@ def request(text: str = TEXT, **kwargs: object) -> tts_pb2.SynthesizeRequest:
     return tts_pb2.SynthesizeRequest(**base)  # type: ignore[arg-type]
 
 
-def audio_of(chunks: list[tts_pb2.AudioChunk]) -> np.ndarray:
-    return np.frombuffer(b"".join(c.data for c in chunks), "<f4")
-
-
 def utterances(finish_reason: str) -> float:
     value = REGISTRY.get_sample_value(
         "qwen3tts_utterances_total", {"stage": "gateway", "finish_reason": finish_reason}
@@ -75,7 +72,7 @@ def test_segments_stream_in_order_as_one_utterance() -> None:
         # One metadata with the request's own seed; audio continuous across segments.
         assert meta.request_id == "long-1" and meta.sampling.seed == 1234
         expected = np.concatenate([expected_signal(n) for n in lengths])
-        np.testing.assert_array_equal(audio_of(chunks), expected)
+        np.testing.assert_array_equal(chunks_audio(chunks), expected)
         position = 0
         for chunk in chunks:
             assert chunk.start_sample == position
@@ -158,7 +155,7 @@ def test_silence_stop_ends_the_utterance_and_frees_the_slot() -> None:
             elapsed = time.monotonic() - began
             # 3 frames of sound, then 0.4 s = 5 frames of silence; 3000 frames would take 30 s.
             assert elapsed < 15
-            audio = audio_of(chunks)
+            audio = chunks_audio(chunks)
             assert audio.size == (3 + 5) * SAMPLES_PER_FRAME
             np.testing.assert_array_equal(audio[: 3 * SAMPLES_PER_FRAME], expected_signal(3))
             assert not audio[3 * SAMPLES_PER_FRAME :].any()
@@ -179,7 +176,7 @@ def test_silence_stop_switches() -> None:
             h.decoder.silent_from_frame = 3
             _, chunks, summary = await h.synthesize(request("Hi.", silence_stop=False))
             assert summary.finish_reason == tts_pb2.FINISH_REASON_EOS
-            assert audio_of(chunks).size == 40 * SAMPLES_PER_FRAME
+            assert chunks_audio(chunks).size == 40 * SAMPLES_PER_FRAME
         async with Harness(frames=40, delay=0.001, silence_stop_seconds=0.4, silence_stop=False) as h:
             h.decoder.silent_from_frame = 3
             _, _, summary = await h.synthesize(request("Hi."))
@@ -235,7 +232,9 @@ def test_a_chapter_starts_on_its_first_segment_before_the_rest_is_cut() -> None:
             _, chunks, summary = await h.synthesize(request(text))
         assert [r.text for r in h.talker.requests] == [p.text for p in pieces]
         assert summary.num_segments == len(pieces)
-        np.testing.assert_array_equal(audio_of(chunks), np.concatenate([expected_signal(2)] * len(pieces)))
+        np.testing.assert_array_equal(
+            chunks_audio(chunks), np.concatenate([expected_signal(2)] * len(pieces))
+        )
 
     run(main(), timeout=60)
 

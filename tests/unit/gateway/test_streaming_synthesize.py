@@ -17,6 +17,7 @@ import soundfile as sf
 from prometheus_client import REGISTRY
 
 from tests.helpers.fake_stages import Harness, expect_rpc_error, expected_signal, run
+from tests.helpers.synthesis import responses_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.segments import segment_seed
 
@@ -60,10 +61,6 @@ def kinds(responses: Sequence[tts_pb2.SynthesizeResponse]) -> list[str]:
     return [str(r.WhichOneof("payload")) for r in responses]
 
 
-def audio_of(responses: Sequence[tts_pb2.SynthesizeResponse]) -> np.ndarray:
-    return np.frombuffer(b"".join(r.audio.data for r in responses if r.HasField("audio")), "<f4")
-
-
 def test_deltas_reach_the_talker_as_one_open_request_and_audio_streams() -> None:
     async def main() -> None:
         async with Harness(frames=7) as h:
@@ -82,7 +79,7 @@ def test_deltas_reach_the_talker_as_one_open_request_and_audio_streams() -> None
             ) == "".join(deltas)
             assert h.talker.texts["stream-1"] == "".join(deltas)
             assert h.talker.text_messages["stream-1"][-1] == "<end>"
-            np.testing.assert_array_equal(audio_of(responses), expected_signal(7))
+            np.testing.assert_array_equal(responses_audio(responses), expected_signal(7))
             starts = [r.audio.start_sample for r in responses if r.HasField("audio")]
             sizes = [r.audio.num_samples for r in responses if r.HasField("audio")]
             assert starts == list(np.cumsum([0, *sizes[:-1]]))

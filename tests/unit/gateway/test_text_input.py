@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.text_input import AppendUtteranceText, EndUtterance, OpenUtterance, TextAction, UtteranceCutter
+from tests.helpers.synthesis import cut
 from tts_common.text import estimate_tokens, split_sentences
 from tts_common.text.chars import is_speakable
 
@@ -57,8 +58,17 @@ def feed(cutter: UtteranceCutter, deltas: list[str]) -> list[TextAction]:
 
 
 def split_at(text: str, cuts: list[int]) -> list[str]:
-    points = sorted({0, len(text), *(c % (len(text) + 1) for c in cuts)})
-    return [text[a:b] for a, b in zip(points, points[1:], strict=False)]
+    """``text`` cut at ``cuts`` (wrapped into its length), without empty pieces."""
+    return cut(text, {c % (len(text) + 1) for c in cuts} - {0, len(text)})
+
+
+@given(text=st.text(max_size=30), data=st.data())
+def test_cut_pieces_join_back_at_the_points(text: str, data: st.DataObject) -> None:
+    points = data.draw(st.lists(st.integers(0, len(text)), max_size=6))
+    pieces = cut(text, points)
+    assert "".join(pieces) == text and len(pieces) == len(points) + 1
+    ends = [sum(len(p) for p in pieces[: k + 1]) for k in range(len(points))]
+    assert ends == sorted(points)
 
 
 @settings(max_examples=400, deadline=None)

@@ -30,6 +30,8 @@ from tests.helpers.fixtures import (
     fixture_prompt_inputs,
     load_requests,
 )
+from tests.helpers.stack import wait_for
+from tests.helpers.synthesis import cut
 from tests.helpers.talker import Collector
 from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.synthesis import SamplingParams
@@ -77,9 +79,8 @@ def tokenizer() -> TextTokenizer:
 
 
 def _splits(draw, text: str) -> list[str]:
-    cuts = sorted(draw(st.sets(st.integers(0, len(text)), max_size=8)))
-    bounds = [0, *cuts, len(text)]
-    return [text[a:b] for a, b in zip(bounds, bounds[1:])]
+    """``text`` in up to 9 pieces, an empty first or last one included."""
+    return cut(text, draw(st.sets(st.integers(0, len(text)), max_size=8)))
 
 
 @st.composite
@@ -172,10 +173,7 @@ def engines():
 
 
 def _wait_until(predicate, timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        assert time.monotonic() < deadline, "condition not reached"
-        time.sleep(0.001)
+    assert wait_for(predicate, timeout, interval=0.001), "condition not reached"
 
 
 def _stalled(request: EngineRequest) -> bool:
