@@ -283,6 +283,10 @@ def test_say_stream_text_sends_stdin_as_it_arrives(tmp_path, monkeypatch) -> Non
             for piece in (data[:3], data[3:4], data[4:20], data[20:]):  # 3:4 splits the "ü"
                 os.write(write_end, piece)
                 await asyncio.sleep(0.05)
+            for _ in range(250):  # the call starts once the first text arrives; allow a busy machine
+                if h.talker.requests:
+                    break
+                await asyncio.sleep(0.02)
             assert not said.done()  # still reading: the text is open
             assert h.talker.requests and h.talker.requests[0].text_open
             os.close(write_end)
