@@ -4,19 +4,21 @@ implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpo
 For every ``--dtypes`` entry (default ``float32,auto``; ``auto`` resolved as the stages resolve it):
 
 * offline: one request through ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and
-  decoder in this process): RTF, and the talker's ms per frame against the memory-bandwidth floor
+  decoder in this process): RTF, and the talker's ms per frame against the read-bandwidth floor
   of the dtype (weights one frame must stream: the talker once, the code predictor 15 times);
 * stack: the four processes of ``qwen3-tts up`` (same flags and environment: all cores per stage,
   passive OpenMP waiting), stage dtype set through ``QWEN3TTS_DTYPE``; resident memory of each
   process at idle and after load; one stream (RTF, time to first audio); then closed-loop
-  concurrency 1, 2, 4, ... (``--concurrency``): aggregate audio seconds per second and playback
-  underruns; the largest concurrency with zero underruns;
+  concurrency 1, 2, 4, ... (``--concurrency``): aggregate audio seconds per second, playback
+  underruns, CPU per frame of each stage; the largest concurrency with zero underruns;
 * official: ``qwen_tts.Qwen3TTSModel`` on the same checkpoint, one request and a batch of 8
   (skipped, with the reason, when not installed or when its call fails).
 
 The report starts with the machine: CPU model, the flags that matter (AVX2, AVX-512, BF16, AMX),
-cores, memory, and the measured copy bandwidth (a torch copy of a buffer far larger than the
-caches).
+cores, memory, the measured copy and read bandwidths (a torch copy and a sum of a buffer far
+larger than the caches), the dense-product ceiling (GFLOP/s of a large matrix product) and what the talker's
+linear kernel reaches at 1 and 8 rows. Each concurrency level also reports the CPU milliseconds
+every stage process spent per frame of audio (gRPC included) and how busy they kept the machine.
 
     python bench/cpu_serving.py --size 0b6 --json bench/results/cpu_serving_0b6.json
     python bench/cpu_serving.py --model .dev-model/custom_voice --concurrency 1,2 \\
@@ -48,6 +50,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the load generator
 
 import load
+from decoder_bench import attainable_gflops, timed
 
 from qwen3_tts.dev_model import make_dev_model
 from qwen3_tts.local_stack import (
@@ -76,16 +79,47 @@ OFFICIAL_BATCH = 8
 # The machine
 
 
-def memory_bandwidth(mib: int = 1024, repeat: int = 5) -> float:
-    """Best-of-``repeat`` copy bandwidth in GB/s (bytes read + written) of a ``mib`` MiB buffer."""
+def memory_bandwidth(mib: int = 1024, repeat: int = 5) -> dict[str, float]:
+    """Best-of-``repeat`` bandwidths in GB/s over a ``mib`` MiB buffer: ``copy`` (bytes read +
+    written by a copy) and ``read`` (a sum: bytes read). Weights are only read, so ``read`` is
+    the one a decode step's floor is measured against."""
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
-    best = float("inf")
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        dst.copy_(src)
-        best = min(best, time.perf_counter() - t0)
-    return 2 * src.numel() * 4 / best / 1e9
+    nbytes = src.numel() * 4
+
+    def best(fn: Any) -> float:
+        fn()
+        return min(timed(fn) for _ in range(repeat))
+
+    return {
+        "copy": round(2 * nbytes / best(lambda: dst.copy_(src)) / 1e9, 2),
+        "read": round(nbytes / best(src.sum) / 1e9, 2),
+    }
+
+
+def linear_gflops(rows: tuple[int, ...] = (1, 8), layers: int = 30) -> dict[int, float]:
+    """GFLOP/s of the talker's linear kernel (pre-packed oneDNN when available, else torch's) on
+    a 1024 -> 3072 layer at a few row counts (a decode step's batch), over ``layers`` distinct
+    weights (360 MB at 30: not in any cache, as in a step). Set against the dense ceiling, it
+    says how far small batches are from what the machine computes."""
+    from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
+
+    dense = [torch.nn.Linear(1024, 3072, bias=False) for _ in range(layers)]
+    modules: list[torch.nn.Module] = (
+        [OneDnnLinear(layer) for layer in dense] if onednn_linear_available() else list(dense)
+    )
+    out = {}
+    with torch.inference_mode():
+        for n in rows:
+            x = torch.randn(n, 1024)
+            best = float("inf")
+            for _ in range(4):  # the first pass warms up
+                t0 = time.perf_counter()
+                for m in modules:
+                    m(x)
+                best = min(best, time.perf_counter() - t0)
+            out[n] = round(2 * n * 1024 * 3072 * layers / best / 1e9, 1)
+    return out
 
 
 def machine_info(bandwidth_mib: int) -> dict[str, Any]:
@@ -99,7 +133,9 @@ def machine_info(bandwidth_mib: int) -> dict[str, Any]:
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "memory_gib": round(total / 2**30, 1),
-        "memory_bandwidth_gbs": round(memory_bandwidth(bandwidth_mib), 2),
+        "memory_bandwidth_gbs": memory_bandwidth(bandwidth_mib),
+        "dense_gflops": round(attainable_gflops(torch.get_num_threads()), 1),
+        "talker_linear_gflops_by_rows": linear_gflops(),
         "torch": torch.__version__,
         "python": platform.python_version(),
         "auto_dtype": resolve_dtype("auto", "cpu"),
@@ -211,8 +247,21 @@ def load_args(gateway: str, speaker: str, max_new_tokens: int, concurrency: int,
     )
 
 
-def run_load(args: argparse.Namespace) -> dict[str, Any]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads), from /proc."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(args: argparse.Namespace, stages: list[StageProcess]) -> dict[str, Any]:
+    """One closed-loop level, with the CPU each stage process spent on it: per frame of audio
+    sent (what a frame costs a stage, gRPC included) and the share of the machine all of them
+    kept busy (near 1: the level is bound by compute, not by waiting between stages)."""
+    running = [s for s in stages if s.process is not None]
+    before = {s.name: cpu_seconds(s.process.pid) for s in running}  # type: ignore[union-attr]
     report, _ = asyncio.run(load.run(args))
+    spent = {s.name: cpu_seconds(s.process.pid) - before[s.name] for s in running}  # type: ignore[union-attr]
+    frames = report.audio_seconds_per_second * report.wall_s * FRAME_RATE
     return {
         "concurrency": args.concurrency,
         "requests": report.requests,
@@ -222,6 +271,8 @@ def run_load(args: argparse.Namespace) -> dict[str, Any]:
         "audio_seconds_per_second": round(report.audio_seconds_per_second, 3),
         "underrun_requests": report.underrun_requests,
         "underruns_total": report.underruns_total,
+        "cpu_ms_per_frame": {k: round(1000 * v / frames, 1) for k, v in spent.items()} if frames else {},
+        "machine_busy": round(sum(spent.values()) / (report.wall_s * (os.cpu_count() or 1)), 2),
     }
 
 
@@ -239,12 +290,14 @@ def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace)
         out: dict[str, Any] = {"resident_mib_idle": resident(stages)}
         asyncio.run(_warm(gateway, speaker))
         out["single_stream"] = run_load(
-            load_args(gateway, speaker, opts.max_new_tokens, 1, opts.single_requests)
+            load_args(gateway, speaker, opts.max_new_tokens, 1, opts.single_requests), stages
         )
         levels = []
         for c in ladder:
             levels.append(
-                run_load(load_args(gateway, speaker, opts.max_new_tokens, c, c * opts.requests_per_level))
+                run_load(
+                    load_args(gateway, speaker, opts.max_new_tokens, c, c * opts.requests_per_level), stages
+                )
             )
             print(f"  [{dtype}] concurrency {c}: {levels[-1]}", flush=True)
         out["levels"] = levels
@@ -341,7 +394,7 @@ def main() -> None:
         measured[dtype] = name
         run: dict[str, Any] = {"dtype": dtype}
         run["offline"] = bench_offline(
-            model, dtype, opts.speaker, opts.max_new_tokens, report["machine"]["memory_bandwidth_gbs"]
+            model, dtype, opts.speaker, opts.max_new_tokens, report["machine"]["memory_bandwidth_gbs"]["read"]
         )
         print(f"  offline: {run['offline']}", flush=True)
         run["stack"] = bench_stack(model, dtype, opts.speaker, opts)
