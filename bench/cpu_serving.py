@@ -16,9 +16,10 @@ For every ``--dtypes`` entry (default ``float32,auto``; ``auto`` resolved as the
 
 The report starts with the machine: CPU model, the flags that matter (AVX2, AVX-512, BF16, AMX),
 cores, memory, the measured copy and read bandwidths (a torch copy and a sum of a buffer far
-larger than the caches), the dense-product ceiling (GFLOP/s of a large matrix product) and what the talker's
-linear kernel reaches at 1 and 8 rows. Each concurrency level also reports the CPU milliseconds
-every stage process spent per frame of audio (gRPC included) and how busy they kept the machine.
+larger than the caches), the dense-product ceiling (GFLOP/s of a large matrix product) and what
+the talker's linear kernel reaches at 1 and 8 rows. Each concurrency level also reports the CPU
+milliseconds every stage process spent per frame of audio (gRPC included) and how busy they kept
+the machine.
 
     python bench/cpu_serving.py --size 0b6 --json bench/results/cpu_serving_0b6.json
     python bench/cpu_serving.py --model .dev-model/custom_voice --concurrency 1,2 \\
@@ -112,12 +113,13 @@ def linear_gflops(rows: tuple[int, ...] = (1, 8), layers: int = 30) -> dict[int,
     with torch.inference_mode():
         for n in rows:
             x = torch.randn(n, 1024)
-            best = float("inf")
-            for _ in range(4):  # the first pass warms up
-                t0 = time.perf_counter()
+
+            def step(x: torch.Tensor = x) -> None:
                 for m in modules:
                     m(x)
-                best = min(best, time.perf_counter() - t0)
+
+            step()  # warm-up
+            best = min(timed(step) for _ in range(3))
             out[n] = round(2 * n * 1024 * 3072 * layers / best / 1e9, 1)
     return out
 
