@@ -19,7 +19,7 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import AsyncIterator, Iterator, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from typing import Any
 
 import grpc
@@ -201,29 +201,20 @@ class SynthesisService:
             *keepalive_channel_options(config.keepalive_seconds, config.keepalive_timeout_seconds),
             *config.channel_options,
         ]
-        talker = StageClient(
-            "talker",
-            config.talker_targets,
-            stages_pb2_grpc.TalkerStub,
-            options=opts,
-            health_service=service_name(stages_pb2, "Talker"),
-        )
-        decoder = StageClient(
-            "decoder",
-            config.decoder_targets,
-            stages_pb2_grpc.DecoderStub,
-            options=opts,
-            health_service=service_name(stages_pb2, "Decoder"),
-        )
+
+        def client(
+            service: str, targets: Sequence[str], stub: Callable[[grpc.aio.Channel], Any]
+        ) -> StageClient[Any]:
+            """The stage's client, health-checked on its own service name."""
+            return StageClient(
+                service.lower(), targets, stub, options=opts, health_service=service_name(stages_pb2, service)
+            )
+
+        talker = client("Talker", config.talker_targets, stages_pb2_grpc.TalkerStub)
+        decoder = client("Decoder", config.decoder_targets, stages_pb2_grpc.DecoderStub)
         speaker = None
         if config.speaker_targets:
-            speaker = StageClient(
-                "speaker",
-                config.speaker_targets,
-                stages_pb2_grpc.SpeakerStub,
-                options=opts,
-                health_service=service_name(stages_pb2, "Speaker"),
-            )
+            speaker = client("Speaker", config.speaker_targets, stages_pb2_grpc.SpeakerStub)
         return cls(config, talker, decoder, speaker)
 
     # --- lifecycle ------------------------------------------------------------------------------
