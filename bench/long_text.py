@@ -23,11 +23,11 @@ import argparse
 import json
 import statistics
 import time
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-from playback import Playback
+from playback import Playback, PlayedStream
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -51,22 +51,14 @@ def chapter(chars: int) -> str:
 
 
 @dataclass
-class Stream:
+class Stream(PlayedStream):
     ttfa_ms: float = 0.0
     total_ms: float = 0.0
-    audio_s: float = 0.0
     chunks: int = 0
-    underruns: int = 0
-    underrun_ms: float = 0.0
     boundary_underruns: int = 0
     """Underruns at the first chunk of a segment after the first."""
     summary: tts_pb2.SynthesisSummary | None = field(default=None, repr=False)
     chunk_starts: list[int] = field(default_factory=list, repr=False)
-    late_ms: list[float] = field(default_factory=list, repr=False)
-
-    def figures(self) -> dict[str, float | int]:
-        """The scalar figures (for the JSON report)."""
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
 def synthesize(
@@ -91,10 +83,7 @@ def synthesize(
         else:
             res.summary = response.summary
     res.total_ms = (time.monotonic() - t0) * 1000
-    res.audio_s = player.played_s
-    res.late_ms = player.late_ms
-    res.underruns = player.underruns
-    res.underrun_ms = player.underrun_ms
+    res.heard(player)
     if res.summary is not None:
         boundaries = {s.start_sample for s in res.summary.segments[1:]}
         res.boundary_underruns = sum(

@@ -7,6 +7,8 @@ it and resumes from then on, so each underrun is one gap, not the carry-over of 
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field, fields
+
 
 class Playback:
     """Feed it every audio chunk of a stream with :meth:`chunk` (see the module doc)."""
@@ -41,4 +43,27 @@ class Playback:
         return sum(self.late_ms)
 
 
-__all__ = ["Playback"]
+@dataclass
+class PlayedStream:
+    """A bench's figures of one stream, starting with what its player heard (:meth:`heard`);
+    benches subclass it with their own timings. Fields with ``repr=False`` stay out of
+    :meth:`figures`."""
+
+    audio_s: float = 0.0
+    underruns: int = 0
+    underrun_ms: float = 0.0
+    late_ms: list[float] = field(default_factory=list, repr=False)
+
+    def heard(self, player: Playback) -> None:
+        """Take the player's figures once the stream has ended."""
+        self.audio_s = player.played_s
+        self.late_ms = player.late_ms
+        self.underruns = player.underruns
+        self.underrun_ms = player.underrun_ms
+
+    def figures(self) -> dict[str, float | int | str]:
+        """The scalar figures (for the JSON report)."""
+        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
+
+
+__all__ = ["PlayedStream", "Playback"]

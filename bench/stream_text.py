@@ -30,11 +30,11 @@ import statistics
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
-from playback import Playback
+from playback import Playback, PlayedStream
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -59,25 +59,18 @@ def deltas_of(text: str, chars_per_token: float) -> list[str]:
 
 
 @dataclass
-class Run:
+class Run(PlayedStream):
     """One stream's timings (seconds on the client's monotonic clock, reported in ms)."""
 
     first_delta_to_audio_ms: float = 0.0
     end_of_text_to_last_audio_ms: float = 0.0
     ttfa_ms: float = 0.0
     """From the call's start to the first audio (one-shot runs)."""
-    audio_s: float = 0.0
     chunks: int = 0
-    underruns: int = 0
-    underrun_ms: float = 0.0
     text_wait_ms: float = 0.0
     stalled_frames: int = 0
     utterances: int = 0
     error: str = ""
-    late_ms: list[float] = field(default_factory=list, repr=False)
-
-    def figures(self) -> dict[str, float | int | str]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if f.repr}
 
 
 def consume(responses: Iterator[tts_pb2.SynthesizeResponse], run: Run, clock: dict[str, float]) -> None:
@@ -99,10 +92,7 @@ def consume(responses: Iterator[tts_pb2.SynthesizeResponse], run: Run, clock: di
         elif kind == "summary":
             run.text_wait_ms = response.summary.text_wait_ms
             run.stalled_frames = response.summary.stalled_frames
-    run.audio_s = player.played_s
-    run.late_ms = player.late_ms
-    run.underruns = player.underruns
-    run.underrun_ms = player.underrun_ms
+    run.heard(player)
     first_at = player.first_at
     if first_at is not None:
         run.ttfa_ms = (first_at - clock["start"]) * 1000
