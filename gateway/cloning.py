@@ -20,7 +20,8 @@ from tts_common.synthesis.validation import (
     decode_reference,
 )
 
-from .failover import FailoverPolicy, call_with_failover
+from .config import FailoverPolicy
+from .failover import call_with_failover
 from .pipeline import StageError
 from .routing import Endpoint, StageClient
 from .voices import VoiceStore

@@ -78,6 +78,27 @@ def parse_voice_aliases(text: str) -> tuple[tuple[str, str], ...]:
 
 
 @dataclass(frozen=True)
+class FailoverPolicy:
+    """How far one stream goes to survive replica losses (``GatewayConfig.failover_*``)."""
+
+    attempts: int = 3
+    """Replacement calls per stage per stream (0 disables failover)."""
+    wait_seconds: float = 3.0
+    """How long one failover waits for a healthy replica."""
+    max_frames: int = 4096
+    """Frames kept per stream for replay; longer streams stop being failed over."""
+
+    @classmethod
+    def from_config(cls, config: GatewayConfig) -> FailoverPolicy:
+        """The policy of a gateway configuration."""
+        return cls(
+            attempts=config.failover_attempts,
+            wait_seconds=config.failover_wait_seconds,
+            max_frames=config.failover_max_frames,
+        )
+
+
+@dataclass(frozen=True)
 class GatewayConfig:
     """Everything the gateway servicer needs besides the generic server settings."""
 
@@ -183,16 +204,18 @@ class GatewayConfig:
     """A stage connection whose keepalive ping is not answered within this fails, with every
     call on it (those streams then fail over)."""
 
-    failover_attempts: int = field(default=3, metadata=flag(parse=non_negative_int))
+    failover_attempts: int = field(default=FailoverPolicy.attempts, metadata=_NON_NEGATIVE_INT)
     """Replacement replicas one stream may use per stage after connection-level failures (the
     decoder's stream is replayed, the talker's regenerated with the same seed and checked, a
     speaker call retried); 0 disables failover: the stream ends with UNAVAILABLE."""
 
-    failover_wait_seconds: float = field(default=3.0, metadata=flag(parse=non_negative_float))
+    failover_wait_seconds: float = field(
+        default=FailoverPolicy.wait_seconds, metadata=flag(parse=non_negative_float)
+    )
     """How long one failover waits for a healthy replica of the stage to become available
     before the stream ends with UNAVAILABLE naming the stage."""
 
-    failover_max_frames: int = field(default=4096, metadata=flag(parse=non_negative_int))
+    failover_max_frames: int = field(default=FailoverPolicy.max_frames, metadata=_NON_NEGATIVE_INT)
     """Codec frames kept per stream for failover (16 small integers per 80 ms frame; 4096 frames
     = 5.5 min of audio, 128 KiB); a stream past it is no longer failed over."""
     segment_tokens: int = field(default=0, metadata=_NON_NEGATIVE_INT)

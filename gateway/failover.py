@@ -3,9 +3,9 @@
 Our stages are deterministic, so a replacement replica can rebuild a stream: the decoder's audio
 is a pure function of the codec frames (exact streaming), and the talker's frames for a request
 and seed are the same on any replica and in any batch (batch-invariant sampling). This module
-holds the pieces :mod:`gateway.pipeline` (and the speaker call in :mod:`gateway.cloning`) use:
+holds the pieces :mod:`gateway.pipeline` (and the speaker call in :mod:`gateway.cloning`) use
+(how far to go, :class:`~gateway.config.FailoverPolicy`, lives with the configuration):
 
-* :class:`FailoverPolicy` — attempts, waiting time and replay bound (from ``GatewayConfig``);
 * :func:`is_connection_failure` — which gRPC statuses mean "the replica or the connection to it
   went away" (fail over) rather than "the request is wrong" (report it);
 * :class:`FrameLog` — the codec frames forwarded for one stream, bounded, for replay to a new
@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeVar
 
 import grpc
@@ -31,7 +30,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from .routing import Endpoint, StageClient
 
 if TYPE_CHECKING:
-    from .config import GatewayConfig
+    from .config import FailoverPolicy
 
 logger = logging.getLogger(__name__)
 
@@ -50,27 +49,6 @@ REPLAY_CHUNK_FRAMES = 50
 def is_connection_failure(code: grpc.StatusCode) -> bool:
     """Whether a stage call that ended with ``code`` should move to another replica."""
     return code in CONNECTION_FAILURES
-
-
-@dataclass(frozen=True)
-class FailoverPolicy:
-    """How far one stream goes to survive replica losses (``GatewayConfig.failover_*``)."""
-
-    attempts: int = 3
-    """Replacement calls per stage per stream (0 disables failover)."""
-    wait_seconds: float = 3.0
-    """How long one failover waits for a healthy replica."""
-    max_frames: int = 4096
-    """Frames kept per stream for replay; longer streams stop being failed over."""
-
-    @classmethod
-    def from_config(cls, config: GatewayConfig) -> FailoverPolicy:
-        """The policy of a gateway configuration."""
-        return cls(
-            attempts=config.failover_attempts,
-            wait_seconds=config.failover_wait_seconds,
-            max_frames=config.failover_max_frames,
-        )
 
 
 class FrameLog:

@@ -49,7 +49,8 @@ from tts_common import metrics
 from tts_common.errors import TTSError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 
-from .failover import FailoverPolicy, FrameLog, is_connection_failure, record_failover, trim_pcm
+from .config import FailoverPolicy
+from .failover import FrameLog, is_connection_failure, record_failover, trim_pcm
 from .routing import Endpoint, StageClient
 
 logger = logging.getLogger(__name__)

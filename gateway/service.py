@@ -51,9 +51,8 @@ from tts_common.text import TokenCounter
 
 from .audio_stream import AudioStream, OutputPlan
 from .cloning import ResolvedVoice, VoiceResolver
-from .config import STAGE, GatewayConfig
+from .config import STAGE, FailoverPolicy, GatewayConfig
 from .encoding import AudioOutput
-from .failover import FailoverPolicy
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
 from .pipeline import StageError
 from .prepared import PreparedRequest

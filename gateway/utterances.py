@@ -47,8 +47,7 @@ from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 from tts_common.silence import SilenceDetector, SilenceStop
 
-from .config import STAGE
-from .failover import FailoverPolicy
+from .config import STAGE, FailoverPolicy
 from .pipeline import StageError, SynthesisPipeline
 from .routing import StageClient
 

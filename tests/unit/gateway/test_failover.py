@@ -20,7 +20,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
-from gateway.failover import FailoverPolicy, FrameLog, call_with_failover, is_connection_failure, trim_pcm
+from gateway.config import FailoverPolicy
+from gateway.failover import FrameLog, call_with_failover, is_connection_failure, trim_pcm
 from gateway.pipeline import StageError, SynthesisPipeline
 from gateway.routing import Endpoint, StageClient, tie_readiness
 from tests.helpers.fake_stages import (
