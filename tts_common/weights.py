@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -14,13 +13,11 @@ def load_prefixed_state_dict(
     prefix: str,
     dtype: torch.dtype | None = None,
     device: str | torch.device = "cpu",
-    keep_float32: Callable[[str], bool] | None = None,
 ) -> dict[str, torch.Tensor]:
     """Tensors of ``path`` whose key starts with ``prefix``, with the prefix removed.
 
     ``dtype`` converts floating tensors (released weights are bf16; we run in float32 unless
-    bfloat16 is asked for, like the official loader with no ``dtype``); those whose key (prefix
-    removed) satisfies ``keep_float32`` are converted to float32 instead.
+    bfloat16 is asked for, like the official loader with no ``dtype``).
     """
     out: dict[str, torch.Tensor] = {}
     with safe_open(str(path), framework="pt", device=str(device)) as fh:
@@ -30,9 +27,7 @@ def load_prefixed_state_dict(
             name = key[len(prefix) :]
             tensor = fh.get_tensor(key)
             if dtype is not None and tensor.is_floating_point():
-                tensor = tensor.to(
-                    torch.float32 if keep_float32 is not None and keep_float32(name) else dtype
-                )
+                tensor = tensor.to(dtype)
             out[name] = tensor
     return out
 
@@ -42,15 +37,15 @@ def load_module_weights(
     path: str | Path,
     prefix: str,
     dtype: torch.dtype | None = None,
-    keep_float32: Callable[[str], bool] | None = None,
 ) -> None:
     """Load ``prefix``-ed tensors of ``path`` into ``module``; missing or unexpected keys raise.
 
-    ``dtype`` and ``keep_float32``: as in :func:`load_prefixed_state_dict` (the tensors are then
-    copied into the module's own parameters, in their dtypes). Buffers that are not persistent
+    ``dtype``: as in :func:`load_prefixed_state_dict`; the tensors are then copied into the
+    module's own parameters, in their dtypes (so without ``dtype`` each stored tensor is rounded
+    once, to its parameter's dtype). Buffers that are not persistent
     (RoPE tables, caches) are not expected in the file.
     """
-    state = load_prefixed_state_dict(path, prefix, dtype=dtype, keep_float32=keep_float32)
+    state = load_prefixed_state_dict(path, prefix, dtype=dtype)
     missing, unexpected = module.load_state_dict(state, strict=False)
     if missing or unexpected:
         raise ValueError(

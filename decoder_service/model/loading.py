@@ -43,27 +43,19 @@ def load_codec_decoder(
         with open(root / "config.json", encoding="utf-8") as fh:
             config = SpeechTokenizerConfig.from_dict(json.load(fh))
     decoder = CodecDecoder(config.decoder).to(device=device, dtype=dtype)
-    snake_params = _snake_params_float32(decoder) if dtype != torch.float32 else set()
-    # One read of the file: SnakeBeta's parameters are loaded in float32, the rest in ``dtype``.
-    load_module_weights(
-        decoder,
-        st_dir / "model.safetensors",
-        CHECKPOINT_PREFIX,
-        dtype=dtype,
-        keep_float32=snake_params.__contains__,
-    )
+    if dtype != torch.float32:
+        _snake_params_float32(decoder)
+    # One read of the file, each tensor copied into its parameter's dtype: SnakeBeta's float32.
+    load_module_weights(decoder, st_dir / "model.safetensors", CHECKPOINT_PREFIX)
     return decoder.eval()
 
 
-def _snake_params_float32(decoder: CodecDecoder) -> set[str]:
+def _snake_params_float32(decoder: CodecDecoder) -> None:
     """Make every SnakeBeta's parameters float32 (it computes in float32 at any model dtype, see
     its docstring), so that they take their stored values, not their rounding to the model
-    dtype; their names."""
-    names: set[str] = set()
-    for name, module in decoder.named_modules():
+    dtype."""
+    for module in decoder.modules():
         if isinstance(module, SnakeBeta):
             for param in ("alpha", "beta"):
                 value = getattr(module, param).detach().to(torch.float32)
                 setattr(module, param, torch.nn.Parameter(value, requires_grad=False))
-                names.add(f"{name}.{param}")
-    return names
