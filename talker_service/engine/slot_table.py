@@ -9,6 +9,7 @@ runner and the graph step.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import fields
 
 import torch
@@ -49,17 +50,7 @@ def scatter_state(table: DecodeState, index: torch.Tensor, rows: DecodeState) ->
 def leading_rows(table: DecodeState, batch: int) -> DecodeState:
     """Views of slots 0..batch-1 (``slots`` None: row b is slot b). Updating them in place
     updates the table: the graph step needs no gather or scatter of the state."""
-    return DecodeState(
-        slots=None,
-        positions=table.positions[:batch],
-        last_code0=table.last_code0[:batch],
-        past_hidden=table.past_hidden[:batch],
-        presence=table.presence[:batch],
-        num_generated=table.num_generated[:batch],
-        params=SamplingTensors(
-            **{g.name: getattr(table.params, g.name)[:batch] for g in fields(SamplingTensors)}
-        ),
-    )
+    return dataclasses.replace(table.rows(slice(0, batch)), slots=None)
 
 
 def move_row(table: DecodeState, src: int, dst: int) -> None:

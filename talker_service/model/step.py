@@ -70,8 +70,9 @@ class DecodeState:
                 out[f.name] = torch.cat(vals)
         return cls(**out)  # type: ignore[arg-type]
 
-    def rows(self, index: torch.Tensor) -> DecodeState:
-        """Subset of rows (copies), e.g. to drop finished requests."""
+    def rows(self, index: torch.Tensor | slice) -> DecodeState:
+        """Subset of rows: copies for an index tensor (e.g. to drop finished requests), views for
+        a slice."""
         return DecodeState(
             slots=None if self.slots is None else self.slots[index],
             positions=self.positions[index],
