@@ -58,18 +58,6 @@ def _special_ids() -> dict[str, int]:
 SIZES = ("dev", "0b6", "1b7")
 """``dev``: tiny widths; ``0b6`` / ``1b7``: the released dimensions (random weights at real size,
 for benchmarks; the text vocabulary is still the shipped compact one)."""
-_TALKER_DIM_KEYS = (
-    "hidden_size",
-    "intermediate_size",
-    "num_hidden_layers",
-    "num_attention_heads",
-    "num_key_value_heads",
-    "head_dim",
-    "text_hidden_size",
-    "text_vocab_size",
-    "rope_scaling",
-    "code_predictor_config",
-)
 
 
 def dev_model_config(model_type: str, size: str = "dev") -> dict[str, Any]:
@@ -82,7 +70,8 @@ def dev_model_config(model_type: str, size: str = "dev") -> dict[str, Any]:
     config = _tiny_model_config(model_type)
     if size != "dev":
         release = model_config_dict(size, model_type)
-        config["talker_config"] |= {k: release["talker_config"][k] for k in _TALKER_DIM_KEYS}
+        # the tiny talker is the release one with small dims: at release size, it is the release one
+        config["talker_config"] = release["talker_config"]
         config["speaker_encoder_config"] = release["speaker_encoder_config"]
         config["tts_model_size"] = size
     return config
