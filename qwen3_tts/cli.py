@@ -322,8 +322,11 @@ def cmd_health(args: argparse.Namespace) -> int:
         raise ValueError("--tls-cert and --tls-key must be given together")
     is_http = [a.startswith(("http://", "https://")) for a in args.addresses]
     credentials = health_channel_credentials(args) if not all(is_http) else None
+    context = health_ssl_context(args) if any(a.startswith("https://") for a in args.addresses) else None
     return max(
-        _http_health(address, args) if http else _grpc_health(address, args, credentials)
+        _http_health(address, args, context if address.startswith("https://") else None)
+        if http
+        else _grpc_health(address, args, credentials)
         for http, address in zip(is_http, args.addresses)
     )
 
@@ -352,11 +355,10 @@ def _grpc_health(address: str, args: argparse.Namespace, credentials: grpc.Chann
     return 0 if reply.status == health_pb2.HealthCheckResponse.SERVING else 1
 
 
-def _http_health(url: str, args: argparse.Namespace) -> int:
+def _http_health(url: str, args: argparse.Namespace, context: ssl.SSLContext | None) -> int:
     import urllib.error
     import urllib.request
 
-    context = health_ssl_context(args) if url.startswith("https://") else None
     try:
         with urllib.request.urlopen(url, timeout=args.timeout, context=context) as reply:
             status = reply.status
