@@ -203,7 +203,6 @@ class OfflineSynthesizer:
             else None
         )
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
-        self.frame_samples = cfg.speech_tokenizer.decode_upsample_rate
         self.device, self.dtype = device, dtype
 
     def synthesize(
@@ -290,9 +289,13 @@ class OfflineSynthesizer:
         """A segment's codes and audio, cut by the silence stop, and its record."""
         codes, audio = generation.codes, wav.cpu().numpy().astype(np.float32)
         reason = generation.finish_reason.name
-        keep = silence_stop_sample(audio, silence, self.sample_rate, self.frame_samples) if silence else None
+        keep = (
+            silence_stop_sample(audio, silence, self.sample_rate, self.decoder.samples_per_frame)
+            if silence
+            else None
+        )
         if keep is not None:
-            codes, audio, reason = codes[: keep // self.frame_samples], audio[:keep], "SILENCE"
+            codes, audio, reason = codes[: keep // self.decoder.samples_per_frame], audio[:keep], "SILENCE"
         segment = job.segment
         record = OfflineSegment(segment.start, segment.end, segment.seed, int(codes.shape[0]), reason)
         return codes, audio, record
