@@ -33,6 +33,7 @@ from typing import Annotated, Any
 
 import grpc
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile, WebSocket
+from fastapi.requests import HTTPConnection
 from fastapi.responses import HTMLResponse, JSONResponse
 from google.protobuf.json_format import MessageToDict
 
@@ -87,8 +88,9 @@ class HttpApi:
         if self.keys is not None:
             self.keys.authenticate(request.headers.items(), "header")
 
-    def request_id(self, request: Request, explicit: str = "") -> str:
-        return resolve_request_id(explicit, metadata=request.headers.items(), where="header")
+    def request_id(self, connection: HTTPConnection, explicit: str = "") -> str:
+        """The request's id: ``explicit``, else the ``x-request-id`` header, else a new one."""
+        return resolve_request_id(explicit, metadata=connection.headers.items(), where="header")
 
     # --- routes ---------------------------------------------------------------------------------
     async def speech(self, body: Any, request: Request) -> SynthesisResponse:

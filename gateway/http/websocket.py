@@ -31,13 +31,13 @@ from typing import Any, Literal, Protocol
 
 import grpc
 from fastapi import WebSocket, WebSocketDisconnect
+from fastapi.requests import HTTPConnection
 from google.protobuf.json_format import MessageToDict
 from pydantic import Field, ValidationError, create_model
 
 from tts_common.errors import InvalidRequestError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving.request_ids import resolve_request_id
 
 from ..auth import ApiKeys
 from ..service import SynthesisService
@@ -58,6 +58,8 @@ class StreamingApi(Protocol):
     keys: ApiKeys | None
 
     def check_ready(self) -> None: ...
+
+    def request_id(self, connection: HTTPConnection, explicit: str = "") -> str: ...
 
 
 logger = logging.getLogger(__name__)
@@ -161,9 +163,7 @@ class SpeechStream:
             raise InvalidRequestError(validation_error(exc.errors()).message) from None
         if body.input:
             raise InvalidRequestError("input must be empty: send the text in `text` messages")
-        self.request_id = resolve_request_id(
-            body.request_id, metadata=self.websocket.headers.items(), where="header"
-        )
+        self.request_id = api.request_id(self.websocket, body.request_id)
         self.speed = body.speed
         info = await api.service.public_model_info()
         return synthesize_request(body, self.request_id, info, api.service.voices, api.aliases)
