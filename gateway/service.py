@@ -321,9 +321,10 @@ class SynthesisService:
 
     # --- synthesis ------------------------------------------------------------------------------
     @contextlib.contextmanager
-    def admission(self) -> Iterator[None]:
+    def admission(self, received: float) -> Iterator[None]:
         """One stream's place (RESOURCE_EXHAUSTED at once when the server is at capacity), for
-        Synthesize and StreamingSynthesize alike. A stream that fails with the talker unavailable
+        Synthesize and StreamingSynthesize alike; an admitted stream's duration since
+        ``received`` is recorded when it ends. A stream that fails with the talker unavailable
         makes the next request re-fetch the model info."""
         limit = self.config.max_concurrent_streams
         if self.active_streams >= limit:
@@ -339,6 +340,7 @@ class SynthesisService:
         finally:
             self.active_streams -= 1
             metrics.RUNNING_REQUESTS.labels(stage=STAGE).set(self.active_streams)
+            metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
 
     async def synthesize(
         self,
@@ -351,12 +353,9 @@ class SynthesisService:
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         """The response stream of one Synthesize request (see the module doc). ``speed``: the
         output's time-scale factor (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
-        with self.admission():
-            try:
-                async for response in self._synthesize(request, request_id, received, time_remaining, speed):
-                    yield response
-            finally:
-                metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
+        with self.admission(received):
+            async for response in self._synthesize(request, request_id, received, time_remaining, speed):
+                yield response
 
     async def stream_synthesize(
         self,
@@ -371,7 +370,7 @@ class SynthesisService:
         """The response stream of one StreamingSynthesize call (:mod:`gateway.text_stream`):
         ``config`` is its first message (``gateway.text_input.read_config``), ``messages`` the
         rest (text, flush, cancel) until the client's half-close."""
-        with self.admission():
+        with self.admission(received):
             metrics.TEXT_STREAMS.labels(stage=STAGE).inc()
             try:
                 prepared = await self.prepare(config, request_id, time_remaining, streamed_text=True)
@@ -388,7 +387,6 @@ class SynthesisService:
                     yield response
             finally:
                 metrics.TEXT_STREAMS.labels(stage=STAGE).dec()
-                metrics.REQUEST_DURATION.labels(stage=STAGE).observe(time.monotonic() - received)
 
     async def _synthesize(
         self,

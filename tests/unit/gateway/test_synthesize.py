@@ -302,7 +302,7 @@ def test_only_an_unavailable_talker_makes_the_model_info_refetched() -> None:
             ]
             for error, refetches in cases:
                 calls = h.talker.model_info_calls
-                with pytest.raises(StageError), h.service.admission():
+                with pytest.raises(StageError), h.service.admission(time.monotonic()):
                     raise error
                 await h.synthesize(request())
                 assert h.talker.model_info_calls == calls + refetches, error
