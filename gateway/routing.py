@@ -153,10 +153,10 @@ class StageClient(Generic[StubT]):
         endpoint.in_flight += 1
         return endpoint
 
-    def acquire(self, exclude: Collection[Endpoint[StubT]] = ()) -> Endpoint[StubT]:
-        """An endpoint to run one request on (usable ones first, avoiding ``exclude`` while
-        another usable one exists), counted as in flight until :meth:`release`."""
-        return self._take(self._candidates(exclude))
+    def acquire(self) -> Endpoint[StubT]:
+        """An endpoint to run one request on (usable ones first), counted as in flight until
+        :meth:`release`."""
+        return self._take(self._candidates(()))
 
     def release(self, endpoint: Endpoint[StubT]) -> None:
         """End the in-flight count of an :meth:`acquire`."""
