@@ -6,10 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.validation import SynthesisPlan, plan_sampling_options
+from tts_common.synthesis.validation import SynthesisPlan, native_sample_rate, plan_sampling_options
 
-from .audio_stream import OutputPlan
+from .audio_stream import AudioStream, OutputPlan
 from .cloning import ResolvedVoice
+from .encoding import AudioOutput
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,13 @@ class PreparedRequest:
     voice: ResolvedVoice
     max_seq_len: int
     """Positions of one talker slot (0: unknown)."""
+
+    def audio_stream(self, received: float, speed: float) -> AudioStream:
+        """The stream the request's audio goes out through (its output plan; ``speed``: the
+        time-scale factor), timed from ``received``."""
+        out = self.output_plan
+        output = AudioOutput(out.encoding, out.sample_rate, native_sample_rate(self.info), speed=speed)
+        return AudioStream(out, output, received)
 
     def metadata(self, request_id: str) -> tts_pb2.SynthesizeResponse:
         """The stream's first response."""

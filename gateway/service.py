@@ -41,10 +41,10 @@ from tts_common.synthesis.segments import (
     segment_request_id,
 )
 from tts_common.synthesis.validation import (
-    NATIVE_SAMPLE_RATE,
     RequestLimits,
     SynthesisPlan,
     effective_model_info,
+    native_sample_rate,
     talker_request,
 )
 from tts_common.text import TokenCounter
@@ -52,7 +52,6 @@ from tts_common.text import TokenCounter
 from .audio_stream import AudioStream, OutputPlan
 from .cloning import ResolvedVoice, VoiceResolver
 from .config import STAGE, FailoverPolicy, GatewayConfig
-from .encoding import AudioOutput
 from .model_info import REFRESH_TIMEOUT_S, TalkerInfoCache
 from .pipeline import StageError
 from .prepared import PreparedRequest
@@ -397,17 +396,13 @@ class SynthesisService:
         speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         prepared = await self.prepare(request, request_id, time_remaining)
-        plan, out, info, voice = prepared.plan, prepared.output_plan, prepared.info, prepared.voice
-        native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
-        output = AudioOutput(out.encoding, out.sample_rate, native_rate, speed=speed)
+        plan, out, voice = prepared.plan, prepared.output_plan, prepared.voice
         segmentation = await _Segmentation.start(plan, *self.segment_size(plan, voice, prepared.max_seq_len))
-        sequence = UtteranceSequence(
-            self.talker, self.decoder, self.sequence_settings(plan, info), time_remaining=time_remaining
-        )
+        sequence = self.sequence(prepared, time_remaining)
         plans = (
             self.utterance_plan(segment, request_id, voice, out) async for segment in segmentation.segments()
         )
-        stream = AudioStream(out, output, received)
+        stream = prepared.audio_stream(received, speed)
         async with contextlib.aclosing(sequence.events(plans)) as events:
             async for event in events:
                 if isinstance(event, UtteranceAudio):
@@ -420,7 +415,9 @@ class SynthesisService:
         if final is not None:
             yield final
         yield tts_pb2.SynthesizeResponse(
-            summary=self._summary(stream, sequence.results, out.sample_rate / native_rate)
+            summary=self._summary(
+                stream, sequence.results, out.sample_rate / native_sample_rate(prepared.info)
+            )
         )
 
     async def prepare(
@@ -484,11 +481,20 @@ class SynthesisService:
             decode_start.prefix_codes.CopyFrom(voice.ref_codes)  # left context; its audio is not sent
         return UtterancePlan(message, decode_start, text_start=segment.start, text_end=segment.end)
 
+    def sequence(self, prepared: PreparedRequest, time_remaining: float | None) -> UtteranceSequence:
+        """The utterance sequence a prepared request's segments run through."""
+        return UtteranceSequence(
+            self.talker,
+            self.decoder,
+            self.sequence_settings(prepared.plan, prepared.info),
+            time_remaining=time_remaining,
+        )
+
     def sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings:
         """Lookahead, drain timeout and the silence stop (the request's switch over the server's)."""
         config = self.config
         on = config.silence_stop if plan.silence_stop is None else plan.silence_stop
-        rate = info.sample_rate or NATIVE_SAMPLE_RATE
+        rate = native_sample_rate(info)
         return SequenceSettings(
             lookahead=config.segment_lookahead,
             drain_timeout=config.stage_timeout_seconds,

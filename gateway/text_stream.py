@@ -32,18 +32,16 @@ from typing import Protocol
 
 from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
-from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.segments import SegmentPlan, segment_plan
-from tts_common.synthesis.validation import NATIVE_SAMPLE_RATE, RequestLimits, SynthesisPlan
+from tts_common.synthesis.validation import RequestLimits, SynthesisPlan
 from tts_common.text import TokenCounter
 
 from .audio_stream import AudioStream, OutputPlan
 from .cloning import ResolvedVoice
 from .config import STAGE, GatewayConfig
-from .encoding import AudioOutput
 from .prepared import PreparedRequest
-from .routing import StageClient
 from .text_input import (
     AppendUtteranceText,
     EndUtterance,
@@ -54,7 +52,6 @@ from .text_input import (
     check_total_text,
 )
 from .utterances import (
-    SequenceSettings,
     UtteranceAudio,
     UtteranceDone,
     UtteranceEvent,
@@ -69,14 +66,12 @@ class StreamServices(Protocol):
 
     config: GatewayConfig
     limits: RequestLimits
-    talker: StageClient[stages_pb2_grpc.TalkerStub]
-    decoder: StageClient[stages_pb2_grpc.DecoderStub]
 
     def segment_size(
         self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
     ) -> tuple[int, TokenCounter]: ...
 
-    def sequence_settings(self, plan: SynthesisPlan, info: tts_pb2.ModelInfo) -> SequenceSettings: ...
+    def sequence(self, prepared: PreparedRequest, time_remaining: float | None) -> UtteranceSequence: ...
 
     def utterance_plan(
         self, segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
@@ -159,17 +154,8 @@ class TextStream:
     async def responses(self) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         """Metadata, then audio and utterance ends as they come, then the summary."""
         prepared = self._prepared
-        out, info = prepared.output_plan, prepared.info
-        native_rate = info.sample_rate or NATIVE_SAMPLE_RATE
-        stream = AudioStream(
-            out, AudioOutput(out.encoding, out.sample_rate, native_rate, speed=self._speed), self._received
-        )
-        sequence = UtteranceSequence(
-            self._service.talker,
-            self._service.decoder,
-            self._service.sequence_settings(prepared.plan, info),
-            time_remaining=self._time_remaining,
-        )
+        stream = prepared.audio_stream(self._received, self._speed)
+        sequence = self._service.sequence(prepared, self._time_remaining)
         yield prepared.metadata(self._request_id)
         reader = asyncio.create_task(self._read(), name="text reader")
         pump = asyncio.create_task(self._pump(sequence), name="utterance events")

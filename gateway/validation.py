@@ -11,11 +11,11 @@ from tts_common.chunking import resolve_chunking
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.validation import (
-    NATIVE_SAMPLE_RATE,
     RequestLimits,
     SynthesisPlan,
     check_clone,
     check_voice_kind,
+    native_sample_rate,
     plan_synthesis,
 )
 
@@ -31,9 +31,7 @@ def plan_output(
     """Encoding (UNSPECIFIED -> PCM16), sample rate (0 -> native, 8000 Hz for the G.711 encodings)
     and chunk sizes (0 -> the server's defaults) of a request."""
     encoding = request.output.encoding or tts_pb2.AUDIO_ENCODING_PCM16
-    sample_rate = request.output.sample_rate or default_sample_rate(
-        encoding, info.sample_rate or NATIVE_SAMPLE_RATE
-    )
+    sample_rate = request.output.sample_rate or default_sample_rate(encoding, native_sample_rate(info))
     check_output_format(encoding, sample_rate)
     first, largest = resolve_chunking(
         request.streaming.first_chunk_frames,

@@ -27,6 +27,12 @@ from .sampling import BUILTIN_MAX_NEW_TOKENS, SamplingParams, new_seed, resolve_
 NATIVE_SAMPLE_RATE = 24000
 """The codec's output rate (every released 12 Hz checkpoint)."""
 
+
+def native_sample_rate(info: tts_pb2.ModelInfo) -> int:
+    """The served model's output rate: what its talker reports, else :data:`NATIVE_SAMPLE_RATE`."""
+    return info.sample_rate or NATIVE_SAMPLE_RATE
+
+
 VoiceKind = Literal["speaker", "voice_id", "clone", "none"]
 
 REFERENCE_ENCODINGS: dict[int, Literal["file", "float32", "pcm16"]] = {
@@ -403,6 +409,7 @@ def talker_request(
 
 __all__ = [
     "NATIVE_SAMPLE_RATE",
+    "native_sample_rate",
     "REFERENCE_ENCODINGS",
     "RequestLimits",
     "SynthesisPlan",
