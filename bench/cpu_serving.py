@@ -51,7 +51,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the load generator
 
 import load
-from decoder_bench import attainable_gflops, timed
+from decoder_bench import attainable_gflops, best_time
 
 from qwen3_tts.dev_model import make_dev_model
 from qwen3_tts.local_stack import (
@@ -87,14 +87,9 @@ def memory_bandwidth(mib: int = 1024, repeat: int = 5) -> dict[str, float]:
     src = torch.ones(mib * 2**20 // 4, dtype=torch.float32)
     dst = torch.empty_like(src)
     nbytes = src.numel() * 4
-
-    def best(fn: Any) -> float:
-        fn()
-        return min(timed(fn) for _ in range(repeat))
-
     return {
-        "copy": round(2 * nbytes / best(lambda: dst.copy_(src)) / 1e9, 2),
-        "read": round(nbytes / best(src.sum) / 1e9, 2),
+        "copy": round(2 * nbytes / best_time(lambda: dst.copy_(src), repeat) / 1e9, 2),
+        "read": round(nbytes / best_time(src.sum, repeat) / 1e9, 2),
     }
 
 
@@ -118,9 +113,7 @@ def linear_gflops(rows: tuple[int, ...] = (1, 8), layers: int = 30) -> dict[int,
                 for m in modules:
                     m(x)
 
-            step()  # warm-up
-            best = min(timed(step) for _ in range(3))
-            out[n] = round(2 * n * 1024 * 3072 * layers / best / 1e9, 1)
+            out[n] = round(2 * n * 1024 * 3072 * layers / best_time(step) / 1e9, 1)
     return out
 
 

@@ -51,6 +51,12 @@ def timed(fn: Any) -> float:
     return time.perf_counter() - t0
 
 
+def best_time(fn: Any, repeat: int = 3) -> float:
+    """Seconds of the fastest of ``repeat`` calls of ``fn``, after one warm-up call."""
+    fn()
+    return min(timed(fn) for _ in range(repeat))
+
+
 def best_of(repeat: int, fn: Any) -> tuple[Any, float]:
     """Run ``fn`` ``repeat`` times: (the result of the fastest run, its process CPU seconds).
 
@@ -106,9 +112,7 @@ def attainable_gflops(threads: int) -> float:
         candidates.append(lambda: [layer(x) for _ in range(8)])  # same FLOPs as the mm
     best = 0.0
     for fn in candidates:
-        fn()
-        seconds = min(timed(fn) for _ in range(3))
-        best = max(best, 2 * 2048**3 / seconds / 1e9)
+        best = max(best, 2 * 2048**3 / best_time(fn) / 1e9)
     return best
 
 
