@@ -17,7 +17,6 @@ Operators: ``python scripts/chaos.py`` (see ``--help``); tests: the chaos integr
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 import signal
 import threading
@@ -38,7 +37,7 @@ from .local_stack import (
     on_free_ports,
     stage_commands,
     stage_of,
-    start_logged,
+    start_in,
     stop_all,
     wait_until_serving,
 )
@@ -157,9 +156,7 @@ class _Stack:
         return self.by_name["gateway"]
 
     def start(self, stage: StageProcess) -> None:
-        env = os.environ.copy()
-        env.setdefault("OMP_NUM_THREADS", "1")
-        start_logged(stage, self.log_dir / f"{stage.name}.log", env)
+        start_in(stage, self.log_dir)
 
     def replicas(self) -> list[StageProcess]:
         return [s for s in self.stages if is_replicated(s.name)]

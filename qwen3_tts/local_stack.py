@@ -64,6 +64,16 @@ def start_logged(stage: StageProcess, log: Path, env: Mapping[str, str]) -> None
         stage.process = subprocess.Popen(stage.args, stdout=out, stderr=subprocess.STDOUT, env=env)
 
 
+def start_in(stage: StageProcess, log_dir: Path, extra_env: Mapping[str, str] | None = None) -> None:
+    """Start ``stage`` logging to ``log_dir/NAME.log``, with this environment plus ``extra_env``
+    and one torch thread unless that says otherwise: for many processes on few cores (the
+    chaos run, the tests), unlike ``up``, which gives each stage all cores."""
+    env = os.environ.copy()
+    env.setdefault("OMP_NUM_THREADS", "1")
+    env.update(extra_env or {})
+    start_logged(stage, log_dir / f"{stage.name}.log", env)
+
+
 def on_free_ports(stages: list[StageProcess]) -> None:
     """Re-point every process of :func:`stage_commands` (which numbers ports consecutively from
     a base) at a free port, the gateway's targets at them, and the gateway's HTTP API (unless

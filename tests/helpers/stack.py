@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import sys
 import time
 from contextlib import contextmanager
@@ -14,12 +13,12 @@ from qwen3_tts.local_stack import (
     free_port,
     on_free_ports,
     stage_commands,
-    start_logged,
+    start_in,
     stop_all,
     wait_until_serving,
 )
 
-__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "start_stage", "wait_for"]
+__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "wait_for"]
 
 
 @dataclass
@@ -41,13 +40,6 @@ class RunningStack:
         return "\n".join(f"--- {p.name}\n{p.read_text()[-3000:]}" for p in sorted(self.log_dir.glob("*.log")))
 
 
-def start_stage(stage: StageProcess, log_dir: Path, extra_env: dict[str, str] | None = None) -> None:
-    env = os.environ.copy()
-    env.setdefault("OMP_NUM_THREADS", "1")
-    env.update(extra_env or {})
-    start_logged(stage, log_dir / f"{stage.name}.log", env)
-
-
 @contextmanager
 def running_stack(
     model: Path,
@@ -67,7 +59,7 @@ def running_stack(
     stack = RunningStack(stages, log_dir, {s.name: s for s in stages}, http_port=http_port)
     try:
         for stage in stages:
-            start_stage(stage, log_dir, extra_env)
+            start_in(stage, log_dir, extra_env)
         try:
             wait_until_serving(stages, timeout=180)
         except Exception as exc:

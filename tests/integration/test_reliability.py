@@ -17,9 +17,9 @@ import soundfile as sf
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from qwen3_tts.local_stack import is_serving
+from qwen3_tts.local_stack import is_serving, start_in
 from tests.helpers.fixtures import CKPT_DIR
-from tests.helpers.stack import running_stack, start_stage, wait_for
+from tests.helpers.stack import running_stack, wait_for
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -152,7 +152,7 @@ def test_stage_killed_mid_stream_gives_unavailable_then_recovers(stack, victim):
     assert seconds < 5
     assert victim in details
     stage.process.wait(10)
-    start_stage(stage, stack.log_dir)
+    start_in(stage, stack.log_dir)
     assert wait_for(lambda: is_serving(stage.address), timeout=60), stack.logs()
 
     async def again():
