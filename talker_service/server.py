@@ -32,7 +32,6 @@ from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.precision import use_onednn_linears_for
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
-from tts_common.text.tokenizer import read_tokenizer_files
 
 from .config import batch_buckets_for
 from .engine import DoneEvent, EngineConfig, EngineEvent, FinishReason, FrameEvent, TalkerEngine
@@ -70,7 +69,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
         dtype = getattr(torch, self.engine_config.dtype)
 
-        def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine, dict[str, bytes]]:
+        def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
             model = TalkerModel.from_checkpoint(
                 self.model_dir, self.engine_config.device, dtype, onednn_linears=False
             )
@@ -87,15 +86,14 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
             self.engine_config = dataclasses.replace(
                 self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
             )
-            files = read_tokenizer_files(model.config.path)  # the files its tokenizer was built from
             # Built lazily otherwise, on the engine thread at the first open text (~0.5 s stall).
             unicode_boundaries.warm()
-            return model, TalkerEngine(model, self.engine_config), files  # allocates the KV cache
+            return model, TalkerEngine(model, self.engine_config)  # allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
-        self.model, self.engine, files = await run_in_fresh_thread(load_model_and_engine)
-        self.tokenizer_files = stages_pb2.TokenizerFiles(files=files)
+        self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
+        self.tokenizer_files = stages_pb2.TokenizerFiles(files=self.model.tokenizer_files)
         self.info = talker_info(self.model, self.engine_config)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()

@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
 from tts_common.config import CheckpointConfig, load_checkpoint_config
 from tts_common.onednn_linear import use_onednn_linears
-from tts_common.text.tokenizer import TextTokenizer
+from tts_common.text.tokenizer import TextTokenizer, read_tokenizer_files
 from tts_common.weights import load_module_weights
 
 from .prompt import PromptInputs, TalkerPrompt, build_prompt
@@ -25,6 +25,8 @@ class TalkerModel:
     talker: Talker
     device: torch.device
     dtype: torch.dtype
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict, repr=False)
+    """The files ``tokenizer`` was built from (the talker serves them to the gateway)."""
 
     @classmethod
     def from_checkpoint(
@@ -42,7 +44,8 @@ class TalkerModel:
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"unsupported dtype {dtype}")
         cfg = load_checkpoint_config(path)
-        tokenizer = TextTokenizer.from_checkpoint(cfg.path)
+        files = read_tokenizer_files(cfg.path)
+        tokenizer = TextTokenizer.from_files(files, source=str(cfg.path))
         with torch.device("meta"):
             talker = Talker(cfg.model.talker)
         # Built on the meta device (no random init of ~1e9 parameters), then materialised.
@@ -51,7 +54,14 @@ class TalkerModel:
         talker.eval().requires_grad_(False)
         if onednn_linears:
             use_onednn_linears(talker)
-        return cls(config=cfg, tokenizer=tokenizer, talker=talker, device=torch.device(device), dtype=dtype)
+        return cls(
+            config=cfg,
+            tokenizer=tokenizer,
+            talker=talker,
+            device=torch.device(device),
+            dtype=dtype,
+            tokenizer_files=files,
+        )
 
     def build_prompt(
         self,
