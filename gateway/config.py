@@ -318,6 +318,7 @@ __all__ = [
     "FLAGS",
     "STAGE",
     "ApiKeysFileConfig",
+    "FailoverPolicy",
     "GatewayConfig",
     "gateway_config_from_args",
     "parse_voice_aliases",

@@ -197,7 +197,6 @@ async def call_with_failover(
 
 __all__ = [
     "CONNECTION_FAILURES",
-    "FailoverPolicy",
     "FrameLog",
     "call_with_failover",
     "is_connection_failure",
