@@ -53,7 +53,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the l
 import load
 from decoder_bench import attainable_gflops, best_time
 
-from qwen3_tts.dev_model import make_dev_model
+from qwen3_tts.dev_model import SIZES, make_dev_model
 from qwen3_tts.local_stack import (
     StageProcess,
     on_free_ports,
@@ -69,7 +69,6 @@ from tts_common.memory import resident_bytes
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 from tts_common.precision import cpu_flags, cpu_model, resolve_dtype
 
-SAMPLE_RATE = 24000
 FRAME_RATE = 12.5
 INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "bf16")
 TEXT = "The quick brown fox jumps over the lazy dog, and streaming speech should never stutter."
@@ -165,7 +164,7 @@ def bench_offline(model: Path, dtype: str, speaker: str, max_new_tokens: int, ba
     seconds = time.perf_counter() - t0
     frames = len(result.codes)
     weights = frame_weight_bytes(synth)
-    audio_s = len(result.wav) / SAMPLE_RATE
+    audio_s = len(result.wav) / synth.sample_rate
     out = {
         "frames": frames,
         "seconds": round(seconds, 3),
@@ -342,9 +341,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     src = ap.add_mutually_exclusive_group()
     src.add_argument("--model", type=Path, help="a CustomVoice checkpoint directory")
-    src.add_argument(
-        "--size", choices=["dev", "0b6", "1b7"], default="0b6", help="random checkpoint at this size"
-    )
+    src.add_argument("--size", choices=SIZES, default="0b6", help="random checkpoint at this size")
     ap.add_argument("--work-dir", type=Path, default=Path(".bench-cpu-serving"))
     ap.add_argument("--dtypes", default="float32,auto")
     ap.add_argument("--speaker", default="ryan")

@@ -3,7 +3,7 @@ alone, and playback underruns at concurrency 1 (the no-gap goal between segments
 
 Against a running gateway (e.g. ``qwen3-tts up`` on the dev checkpoint), one request at a time:
 
-1. the long text (a deterministic multilingual chapter of ``--chars`` characters) with a fixed
+1. the long text (a deterministic English chapter of ``--chars`` characters) with a fixed
    seed; its summary names the segments;
 2. the first segment's text alone with the same seed (segment 0 keeps the request's seed), so it
    is the same utterance the long request starts with.
