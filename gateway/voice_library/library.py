@@ -338,12 +338,14 @@ class VoiceLibrary(ABC):
 
         return await self._run("listing voices", op)
 
-    async def iter_voices(self, scope: Scope, *, model_family: str | None = None) -> AsyncIterator[VoiceInfo]:
+    async def iter_voices(
+        self, scope: Scope, *, model_family: str | None = None, owner: str | None = None
+    ) -> AsyncIterator[VoiceInfo]:
         """Every voice of :meth:`list_voices`, page after page."""
         token = ""
         while True:
             page = await self.list_voices(
-                scope, model_family=model_family, page_size=MAX_PAGE_SIZE, page_token=token
+                scope, model_family=model_family, owner=owner, page_size=MAX_PAGE_SIZE, page_token=token
             )
             for info in page.voices:
                 yield info
@@ -351,10 +353,10 @@ class VoiceLibrary(ABC):
                 return
             token = page.next_page_token
 
-    async def count(self, scope: Scope, *, model_family: str | None = None) -> int:
+    async def count(self, scope: Scope, *, model_family: str | None = None, owner: str | None = None) -> int:
         """How many voices :meth:`list_voices` would give."""
         args: list[Any] = []
-        conditions = self._where(scope, model_family, None, args)
+        conditions = self._where(scope, model_family, owner, args)
         where = f" WHERE {' AND '.join(conditions)}" if conditions else ""
 
         async def op() -> int:
