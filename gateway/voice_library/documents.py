@@ -115,6 +115,20 @@ def _parse_time(text: str, key: str) -> datetime:
     return moment
 
 
+def _payload(data: Mapping[str, Any]) -> dict[str, Any]:
+    """The fields both formats spell alike: the embedding, codes, transcript and reference."""
+    return {
+        "speaker_embedding": _embedding(_field(data, "speaker_embedding", list)),
+        "ref_codes": _codes(data.get("ref_codes")),
+        "x_vector_only": _field(data, "x_vector_only", bool),
+        "ref_text": _field(data, "ref_text", str, ""),
+        "name": _field(data, "name", str, ""),
+        "model_name": _field(data, "model_name", str, ""),
+        "ref_audio_seconds": float(_field(data, "ref_audio_seconds", (int, float), 0.0)),
+        "audio_sha256": _field(data, "audio_sha256", str, ""),
+    }
+
+
 def parse_document(document: Any) -> NewVoice:
     """The voice of an export document (InvalidRequestError when it is not one, or of a newer
     version). Its id and creation time are kept as proposals; the fields are checked again by the
@@ -132,18 +146,11 @@ def parse_document(document: Any) -> NewVoice:
     if not isinstance(voice, Mapping):
         raise InvalidRequestError("voice document: 'voice' must be an object")
     return NewVoice(
-        speaker_embedding=_embedding(_field(voice, "speaker_embedding", list)),
-        ref_codes=_codes(voice.get("ref_codes")),
-        x_vector_only=_field(voice, "x_vector_only", bool),
-        ref_text=_field(voice, "ref_text", str, ""),
-        name=_field(voice, "name", str, ""),
+        **_payload(voice),
         description=_field(voice, "description", str, ""),
         labels=_field(voice, "labels", dict, {}),
         model_family=_field(voice, "model_family", str, ""),
-        model_name=_field(voice, "model_name", str, ""),
         consent=_field(voice, "consent", str, ""),
-        ref_audio_seconds=float(_field(voice, "ref_audio_seconds", (int, float), 0.0)),
-        audio_sha256=_field(voice, "audio_sha256", str, ""),
         voice_id=_field(voice, "voice_id", str, None),
         created_at=_parse_time(_field(voice, "created_at", str), "created_at")
         if "created_at" in voice
@@ -167,14 +174,7 @@ def parse_legacy_file(data: Any) -> NewVoice:
     except ValueError as exc:
         raise InvalidRequestError(f"legacy voice file: bad created_at: {exc}") from exc
     return NewVoice(
-        speaker_embedding=_embedding(_field(data, "speaker_embedding", list)),
-        ref_codes=_codes(data.get("ref_codes")),
-        x_vector_only=_field(data, "x_vector_only", bool),
-        ref_text=_field(data, "ref_text", str, ""),
-        name=_field(data, "name", str, ""),
-        model_name=_field(data, "model_name", str, ""),
-        ref_audio_seconds=float(_field(data, "ref_audio_seconds", (int, float), 0.0)),
-        audio_sha256=_field(data, "audio_sha256", str, ""),
+        **_payload(data),
         voice_id=_field(data, "voice_id", str),
         created_at=datetime_from_us(created.ToMicroseconds()),
     )

@@ -5,6 +5,7 @@ test's own (dropped afterwards; skipped, saying why, only where no server answer
 from __future__ import annotations
 
 import asyncio
+import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,23 @@ class Backend:
     def library(self, **settings: Any) -> VoiceLibrary:
         """A new library (another 'replica') over this database."""
         return create_voice_library(self.target, self.config(**settings))
+
+    async def raw(self, statement: str) -> list[tuple[Any, ...]]:
+        """Run one statement on the database directly (not through a library); its rows. The
+        driver's errors propagate (sqlite3.Error, asyncpg.PostgresError)."""
+        if self.name == "sqlite":
+            conn = sqlite3.connect(self.target, isolation_level=None)
+            try:
+                return conn.execute(statement).fetchall()
+            finally:
+                conn.close()
+        import asyncpg
+
+        pg = await asyncpg.connect(self.target, server_settings={"search_path": self.schema})
+        try:
+            return [tuple(row) for row in await pg.fetch(statement)]
+        finally:
+            await pg.close()
 
 
 def postgres_backend() -> Iterator[Backend]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sqlite3
 
 import numpy as np
 import pytest
@@ -263,26 +264,12 @@ def test_audit_trail_records_who_did_what_and_is_append_only(backend: Backend) -
 
 async def assert_audit_is_append_only(backend: Backend) -> None:
     """UPDATE and DELETE of the trail fail in the database itself (triggers)."""
-    if backend.name == "sqlite":
-        import sqlite3
-
-        conn = sqlite3.connect(backend.target)
-        try:
-            for statement in ("UPDATE voice_audit SET actor = 'x'", "DELETE FROM voice_audit"):
-                with pytest.raises(sqlite3.IntegrityError, match="append-only"):
-                    conn.execute(statement)
-        finally:
-            conn.close()
-        return
     import asyncpg
 
-    conn = await asyncpg.connect(backend.target, server_settings={"search_path": backend.schema})
-    try:
-        for statement in ("UPDATE voice_audit SET actor = 'x'", "DELETE FROM voice_audit"):
-            with pytest.raises(asyncpg.RaiseError, match="append-only"):
-                await conn.execute(statement)
-    finally:
-        await conn.close()
+    for statement in ("UPDATE voice_audit SET actor = 'x'", "DELETE FROM voice_audit"):
+        with pytest.raises((sqlite3.IntegrityError, asyncpg.RaiseError), match="append-only"):
+            await backend.raw(statement)
+    assert len(await backend.raw("SELECT seq FROM voice_audit")) == 6
 
 
 def test_concurrent_startups_apply_the_schema_once(backend: Backend) -> None:
@@ -307,24 +294,8 @@ def test_concurrent_startups_apply_the_schema_once(backend: Backend) -> None:
 
 
 async def assert_one_row_per_migration(backend: Backend) -> None:
-    if backend.name == "sqlite":
-        import sqlite3
-
-        conn = sqlite3.connect(backend.target)
-        try:
-            rows = conn.execute("SELECT version FROM schema_migrations ORDER BY version").fetchall()
-        finally:
-            conn.close()
-        assert [r[0] for r in rows] == list(range(1, LATEST_VERSION + 1))
-        return
-    import asyncpg
-
-    conn = await asyncpg.connect(backend.target, server_settings={"search_path": backend.schema})
-    try:
-        rows = await conn.fetch("SELECT version FROM schema_migrations ORDER BY version")
-    finally:
-        await conn.close()
-    assert [r["version"] for r in rows] == list(range(1, LATEST_VERSION + 1))
+    rows = await backend.raw("SELECT version FROM schema_migrations ORDER BY version")
+    assert [row[0] for row in rows] == list(range(1, LATEST_VERSION + 1))
 
 
 def test_a_record_is_equal_only_bit_for_bit() -> None:
