@@ -95,7 +95,10 @@ class VoiceLibrary(ABC):
 
     def __init__(self, config: VoiceLibraryConfig) -> None:
         self.config = config
-        self._started = False
+        self._opened = False
+        """The back end's connections are set up (:meth:`_open` ran)."""
+        self._ready = False
+        """The schema is up to date and the owner digest known."""
         self._closed = False
         self._start_lock = asyncio.Lock()
         self._owner_digest: OwnerDigest | None = (
@@ -117,9 +120,9 @@ class VoiceLibrary(ABC):
 
     @abstractmethod
     def _transaction(self, write: bool) -> contextlib.AbstractAsyncContextManager[Transaction]:
-        """A connection; with ``write`` inside a transaction committed at exit (rolled back on an
-        error). A write transaction must stop concurrent schema changes from other processes
-        only through :meth:`_lock`."""
+        """A connection; with ``write``, inside a transaction committed at exit (rolled back on
+        an error; a connection left in an unknown state by a cancellation is never reused).
+        Exclusion against other processes comes from :meth:`_lock`."""
 
     @abstractmethod
     async def _lock(self, tx: Transaction, lock: Lock) -> None:
@@ -137,8 +140,10 @@ class VoiceLibrary(ABC):
         await self._run("starting", self._noop)
 
     async def close(self) -> None:
+        """Close the connections (bounded by ``timeout_s``); later operations are refused."""
         self._closed = True
-        if self._started:
+        if self._opened:
+            self._opened = False
             await self._close()
 
     async def __aenter__(self) -> VoiceLibrary:
@@ -157,18 +162,15 @@ class VoiceLibrary(ABC):
             raise VoiceStoreUnavailableError(
                 f"voice store {self.location} is closed", retry_after_s=self.config.retry_after_s
             )
-        if self._started:
+        if self._ready:
             return
         async with self._start_lock:
-            if not self._started:
+            if not self._opened:
                 await self._open()
-                self._started = True
-                try:
-                    await self._migrate()
-                except BaseException:
-                    self._started = False
-                    await self._close()
-                    raise
+                self._opened = True
+            if not self._ready:  # a failed attempt is retried by the next operation
+                await self._migrate()
+                self._ready = True
 
     async def _migrate(self) -> None:
         async with self._transaction(write=True) as tx:

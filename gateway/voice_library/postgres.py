@@ -14,6 +14,7 @@ before that answer raises, and the pool drops the connection.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import ssl
 from collections.abc import AsyncIterator, Mapping, Sequence
@@ -91,9 +92,9 @@ class PostgresVoiceLibrary(VoiceLibrary):
     async def _close(self) -> None:
         if self._pool is not None:
             pool, self._pool = self._pool, None
-            try:
-                await pool.close()
-            except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+            try:  # graceful, but never a hang at shutdown
+                await asyncio.wait_for(pool.close(), self.config.timeout_s)
+            except (TimeoutError, OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
                 pool.terminate()
 
     @contextlib.asynccontextmanager

@@ -31,7 +31,7 @@ from .conftest import Backend
 from .test_library import ALICE, make_voice
 
 TIMEOUT_S = 0.5
-HANG_GUARD_S = TIMEOUT_S + 2.0
+HANG_GUARD_S = TIMEOUT_S + 4.0
 """Generous bound on how long a failing operation may take (the point: it does not hang)."""
 
 
@@ -168,3 +168,34 @@ def test_sqlite_file_that_cannot_be_opened(tmp_path: Path) -> None:
         await unavailable_in_time(library.count(ALICE))  # closed: refused, not reopened
 
     run(main())
+
+
+def test_only_the_database_being_unavailable_is_unavailable() -> None:
+    """Transient failures (connection lost, shutdown, locked, out of resources) become UNAVAILABLE;
+    a broken statement or constraint stays what it is (an INTERNAL bug report, not a retry)."""
+    import asyncpg
+
+    postgres = create_voice_library("postgresql://db/x")
+    sqlite = create_voice_library("voices.db")
+    for exc in (
+        asyncpg.exceptions.AdminShutdownError("terminating connection due to administrator command"),
+        asyncpg.exceptions.CannotConnectNowError("the database system is starting up"),
+        asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed"),
+        asyncpg.exceptions.TooManyConnectionsError("too many clients"),
+        asyncpg.exceptions.SerializationError("could not serialize"),
+        asyncpg.exceptions.ReadOnlySQLTransactionError("read-only transaction"),
+        asyncpg.InterfaceError("connection is closed"),
+        ConnectionRefusedError(),
+    ):
+        assert postgres._is_unavailable(exc), exc
+    for exc in (
+        asyncpg.exceptions.UndefinedTableError("no such table"),
+        asyncpg.exceptions.UniqueViolationError("duplicate key"),
+        asyncpg.InterfaceError("cannot perform operation: another operation is in progress"),
+        ValueError("bug"),
+    ):
+        assert not postgres._is_unavailable(exc), exc
+    assert sqlite._is_unavailable(sqlite3.OperationalError("database is locked"))
+    assert sqlite._is_unavailable(sqlite3.DatabaseError("database disk image is malformed"))
+    assert not sqlite._is_unavailable(sqlite3.IntegrityError("UNIQUE constraint failed"))
+    assert not sqlite._is_unavailable(sqlite3.ProgrammingError("bug"))
