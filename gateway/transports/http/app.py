@@ -1,18 +1,23 @@
 """The OpenAI-compatible HTTP API and the browser playground: a FastAPI app over the gateway's
-transport-free core (:class:`gateway.service.SynthesisService`), so validation, admission,
+transport-free core (:class:`gateway.core.Gateway`), so model choice, validation, admission,
 voices and metrics are the gRPC API's own.
 
 Routes (``/v1`` needs the API key when keys are configured, and answers 503 while the process is
 not serving: starting up or shutting down):
 
-* ``POST /v1/audio/speech`` — OpenAI's speech body (+ our fields as ``extra_body``); the audio
+* ``POST /v1/audio/speech`` — OpenAI's speech body (+ our fields as ``extra_body``); ``model``
+  names a served model (absent or "": the default; unknown: 404 listing them); the audio
   streamed in the requested format, or OpenAI's server-sent events (``stream_format: "sse"``);
-* ``GET /v1/models`` and ``GET /v1/models/{id}`` — the served model;
-* ``GET /v1/audio/voices`` — preset speakers, registered voices and aliases, with the model's
-  languages and capabilities;
-* ``POST /v1/audio/voices`` — register a cloned voice (Base models) from a multipart upload
-  (``audio_sample``, ``name``, ``ref_text`` or ``x_vector_only``), ``DELETE
-  /v1/audio/voices/{id}``;
+* ``GET /v1/models`` and ``GET /v1/models/{id}`` — every served model with its type, size and
+  capabilities;
+* ``GET /v1/audio/voices?model=NAME`` — a model's preset speakers, the registered voices it can
+  speak and the aliases, with its languages and capabilities (the default model without
+  ``model``);
+* ``POST /v1/audio/voices`` — register a voice (multipart form): cloned from an upload
+  (``audio_sample``, ``name``, ``ref_text`` or ``x_vector_only``) or designed ("Voice Design,
+  then Clone": ``instructions`` and ``text``, optional ``language``, ``seed`` and
+  ``design_model``), embedded by the Base model ``model`` (default: the first that can clone);
+  ``DELETE /v1/audio/voices/{id}``;
 * ``GET /health`` — readiness: 200 while serving, else 503, also while no talker or no decoder
   replica is reachable (like the gRPC service's health; load-balancer and container probes; no
   key);
@@ -32,25 +37,24 @@ from importlib import resources
 from typing import Annotated, Any
 
 import grpc
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Request, UploadFile, WebSocket
-from fastapi.requests import HTTPConnection
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse
 from google.protobuf.json_format import MessageToDict
 
-from tts_common.errors import NotFoundError, UnavailableError
+from tts_common.errors import InvalidRequestError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.health import ServingHealth
-from tts_common.serving.request_ids import resolve_request_id
 
+from ...config import GatewayConfig
+from ...core import Gateway
 from ..auth import ApiKeys
-from ..config import GatewayConfig
-from ..service import SynthesisService
+from .connection import check_ready, request_id_of
 from .errors import count, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
 from .limits import BodySizeLimit
 from .schemas import SpeechRequest
-from .speech import synthesize_request
+from .speech import speech_request
 from .streaming import SynthesisResponse, audio_bytes, sse_events
 from .websocket import STREAM_PATH, SpeechStream
 
@@ -66,10 +70,10 @@ def playground_html() -> str:
 
 
 class HttpApi:
-    """The routes' shared state: the service, the settings and the process's health."""
+    """The routes' shared state: the core, the settings and the process's health."""
 
-    def __init__(self, service: SynthesisService, config: GatewayConfig) -> None:
-        self.service = service
+    def __init__(self, gateway: Gateway, config: GatewayConfig) -> None:
+        self.gateway = gateway
         self.config = config
         self.aliases: Mapping[str, str] = dict(config.voice_alias)
         self.keys = ApiKeys(config.api_keys) if config.api_keys else None
@@ -79,34 +83,30 @@ class HttpApi:
     # --- dependencies of the /v1 routes ---------------------------------------------------------
     def check_ready(self) -> None:
         """UNAVAILABLE (503) unless the process is serving."""
-        reason = None if self.health is None else self.health.refusal_reason()
-        if reason is not None:
-            raise UnavailableError(reason)
+        check_ready(self.health)
 
     def check_key(self, request: Request) -> None:
         """UNAUTHENTICATED (401) / PERMISSION_DENIED (403) unless the request carries a key."""
         if self.keys is not None:
             self.keys.authenticate(request.headers.items(), "header")
 
-    def request_id(self, connection: HTTPConnection, explicit: str = "") -> str:
-        """The request's id: ``explicit``, else the ``x-request-id`` header, else a new one."""
-        return resolve_request_id(explicit, metadata=connection.headers.items(), where="header")
-
     # --- routes ---------------------------------------------------------------------------------
     async def speech(self, body: Any, request: Request) -> SynthesisResponse:
         received = time.monotonic()
-        request_id = self.request_id(request, body.request_id)
+        request_id = request_id_of(request, body.request_id)
         where = f"POST /v1/audio/speech [{request_id}]"
         with request_context(request_id):
-            info = await self.service.public_model_info()
-            message = synthesize_request(body, request_id, info, self.service.voices, self.aliases)
-            responses = self.service.synthesize(message, request_id, received=received, speed=body.speed)
+            message = await speech_request(body, request_id, self.gateway, self.aliases)
+            responses = self.gateway.unary.synthesize(
+                message, request_id, received=received, speed=body.speed
+            )
             first = await anext(responses)  # validated, admitted, stages started: or an error
         metadata = first.metadata
         headers = {
             "x-request-id": request_id,
             "x-sample-rate": str(metadata.sample_rate),
             "x-seed": str(metadata.sampling.seed),
+            "x-model": metadata.model_name,
             "cache-control": "no-store",
         }
         if body.stream_format == "sse":
@@ -119,29 +119,17 @@ class HttpApi:
         )
 
     async def models(self) -> dict[str, Any]:
-        listing = {"object": "list", "data": [await self._model_object()]}
+        listing = await self.gateway.catalog.list_models()
         count_ok()
-        return listing
+        return {"object": "list", "data": [model_object(info) for info in listing.models]}
 
     async def model(self, model_id: str) -> dict[str, Any]:
-        model = await self._model_object()
-        if model_id != model["id"]:
-            raise NotFoundError(f"unknown model {model_id!r} (this server serves {model['id']!r})")
+        model = model_object(await self.gateway.catalog.model_info(model_id))
         count_ok()
         return model
 
-    async def _model_object(self) -> dict[str, Any]:
-        info = await self.service.public_model_info()
-        return {
-            "id": info.model_name,
-            "object": "model",
-            "created": 0,
-            "owned_by": OWNED_BY,
-            "model_info": MessageToDict(info, preserving_proto_field_name=True),
-        }
-
-    async def list_voices(self) -> dict[str, Any]:
-        listing = await self.service.list_voices()
+    async def list_voices(self, model: str) -> dict[str, Any]:
+        listing = await self.gateway.voices.list_voices(model)
         data: list[dict[str, Any]] = [
             {"id": s.name, "object": "audio.voice", "type": "preset", "name": s.name, "dialect": s.dialect}
             for s in listing.speakers
@@ -155,6 +143,7 @@ class HttpApi:
         return {
             "object": "list",
             "data": data,
+            "model": listing.model,
             "model_type": listing.model_type,
             "model_size": listing.model_size,
             "languages": list(listing.languages),
@@ -163,28 +152,16 @@ class HttpApi:
             "sample_rate": listing.sample_rate,
         }
 
-    async def register_voice(
-        self,
-        request: Request,
-        audio_sample: UploadFile,
-        name: str,
-        ref_text: str,
-        x_vector_only: bool,
-    ) -> dict[str, Any]:
-        request_id = self.request_id(request)
+    async def register_voice(self, request: Request, form: VoiceForm) -> dict[str, Any]:
+        request_id = request_id_of(request)
         with request_context(request_id):
-            message = tts_pb2.RegisterVoiceRequest(
-                name=name,
-                reference=tts_pb2.VoiceClone(
-                    ref_audio=await audio_sample.read(), ref_text=ref_text, x_vector_only=x_vector_only
-                ),
-            )
-            voice = await self.service.register_voice(message, request_id, None)
+            message = await form.request()
+            voice = await self.gateway.voices.register(message, request_id, None)
         count_ok()
         return voice_object(voice)
 
     async def delete_voice(self, voice_id: str) -> dict[str, Any]:
-        await self.service.delete_voice(voice_id)
+        await self.gateway.voices.delete(voice_id)
         count_ok()
         return {"id": voice_id, "object": "audio.voice.deleted", "deleted": True}
 
@@ -207,9 +184,30 @@ def count_ok() -> None:
     count(grpc.StatusCode.OK)
 
 
+def model_object(info: tts_pb2.ModelInfo) -> dict[str, Any]:
+    """A served model as OpenAI's model object, plus its type, size and capabilities."""
+    return {
+        "id": info.model_name,
+        "object": "model",
+        "created": 0,
+        "owned_by": OWNED_BY,
+        "type": info.model_type,
+        "size": info.model_size,
+        "default": info.is_default,
+        "capabilities": {
+            "preset_speakers": bool(info.speakers),
+            "voice_design": info.model_type == "voice_design",
+            "voice_clone": info.voice_clone_supported,
+            "instructions": info.instruct_supported,
+            "voice_family": info.voice_family,
+        },
+        "model_info": MessageToDict(info, preserving_proto_field_name=True),
+    }
+
+
 def voice_object(voice: tts_pb2.Voice) -> dict[str, Any]:
     """A registered voice as OpenAI's voice object, plus its cloning details."""
-    return {
+    data: dict[str, Any] = {
         "id": voice.voice_id,
         "object": "audio.voice",
         "type": "audio_sample",
@@ -218,7 +216,76 @@ def voice_object(voice: tts_pb2.Voice) -> dict[str, Any]:
         "x_vector_only": voice.x_vector_only,
         "ref_text": voice.ref_text,
         "ref_audio_seconds": voice.ref_audio_seconds,
+        "model": voice.model,
+        "family": voice.family,
     }
+    if voice.HasField("design"):
+        data["type"] = "designed"
+        data["design"] = {
+            "instructions": voice.design.instruct,
+            "text": voice.design.text,
+            "language": voice.design.language,
+            "seed": voice.design.seed,
+            "model": voice.design.model,
+        }
+    return data
+
+
+class VoiceForm:
+    """The multipart form of ``POST /v1/audio/voices``: a reference upload or a design."""
+
+    def __init__(
+        self,
+        audio_sample: Annotated[
+            UploadFile | None, File(description="Reference recording (any audio file); or design a voice.")
+        ] = None,
+        name: Annotated[str, Form()] = "",
+        ref_text: Annotated[str, Form(description="Transcript of the recording.")] = "",
+        x_vector_only: Annotated[bool, Form()] = False,
+        model: Annotated[
+            str, Form(description="The Base model that clones the voice (default: the first that can).")
+        ] = "",
+        instructions: Annotated[str, Form(description="Design: the voice, described.")] = "",
+        text: Annotated[str, Form(description="Design: what the voice says in its reference.")] = "",
+        language: Annotated[str, Form(description="Design: the language of `text`.")] = "",
+        seed: Annotated[int | None, Form(ge=0, le=2**64 - 1, description="Design: sampling seed.")] = None,
+        design_model: Annotated[
+            str, Form(description="Design: the VoiceDesign model (default: the first served).")
+        ] = "",
+        consent: Annotated[str, Form(description="Accepted for OpenAI SDK compatibility; unused.")] = "",
+    ) -> None:
+        self.audio_sample = audio_sample
+        self.name, self.ref_text, self.x_vector_only, self.model = name, ref_text, x_vector_only, model
+        self.design = tts_pb2.VoiceDesign(
+            instruct=instructions, text=text, language=language, model=design_model
+        )
+        if seed is not None:
+            self.design.seed = seed
+
+    async def request(self) -> tts_pb2.RegisterVoiceRequest:
+        """The RegisterVoice request of the form (INVALID_ARGUMENT for neither or both sources)."""
+        message = tts_pb2.RegisterVoiceRequest(name=self.name, model=self.model)
+        designing = bool(self.design.ListFields())
+        if self.audio_sample is not None and designing:
+            raise InvalidRequestError(
+                "send either audio_sample (a voice cloned from a recording) or a design (instructions, text, "
+                "language, seed, design_model), not both"
+            )
+        if self.audio_sample is not None:
+            message.reference.CopyFrom(
+                tts_pb2.VoiceClone(
+                    ref_audio=await self.audio_sample.read(),
+                    ref_text=self.ref_text,
+                    x_vector_only=self.x_vector_only,
+                )
+            )
+        elif designing:
+            message.design.CopyFrom(self.design)
+        else:
+            raise InvalidRequestError(
+                "audio_sample (a recording to clone) or a design (instructions and text) is required"
+            )
+        return message
 
 
 def create_app(api: HttpApi) -> FastAPI:
@@ -252,19 +319,16 @@ def create_app(api: HttpApi) -> FastAPI:
         return await api.model(model_id)
 
     @v1.get("/audio/voices")
-    async def list_voices() -> dict[str, Any]:
-        return await api.list_voices()
+    async def list_voices(
+        model: Annotated[
+            str, Query(description="The model whose voices to list (default: the default model).")
+        ] = "",
+    ) -> dict[str, Any]:
+        return await api.list_voices(model)
 
     @v1.post("/audio/voices")
-    async def create_voice(
-        request: Request,
-        audio_sample: Annotated[UploadFile, File(description="Reference recording (any audio file).")],
-        name: Annotated[str, Form()] = "",
-        ref_text: Annotated[str, Form(description="Transcript of the recording.")] = "",
-        x_vector_only: Annotated[bool, Form()] = False,
-        consent: Annotated[str, Form(description="Accepted for OpenAI SDK compatibility; unused.")] = "",
-    ) -> dict[str, Any]:
-        return await api.register_voice(request, audio_sample, name, ref_text, x_vector_only)
+    async def create_voice(request: Request, form: Annotated[VoiceForm, Depends()]) -> dict[str, Any]:
+        return await api.register_voice(request, form)
 
     @v1.delete("/audio/voices/{voice_id}")
     async def delete_voice(voice_id: str) -> dict[str, Any]:
@@ -275,7 +339,7 @@ def create_app(api: HttpApi) -> FastAPI:
     @app.websocket(STREAM_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         # Readiness and the API key are checked on the connection (errors as close codes).
-        await SpeechStream(api, websocket).run()
+        await SpeechStream(websocket, api.gateway, api.aliases, api.keys, api.health).run()
 
     page = playground_html()
 
@@ -290,4 +354,4 @@ def create_app(api: HttpApi) -> FastAPI:
     return app
 
 
-__all__ = ["HttpApi", "create_app", "playground_html", "voice_object"]
+__all__ = ["HttpApi", "VoiceForm", "create_app", "model_object", "playground_html", "voice_object"]

@@ -12,7 +12,7 @@ import grpc
 
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 
-from .pipeline import StageError
+from .errors import StageError
 from .routing import StageClient
 
 logger = logging.getLogger(__name__)
@@ -67,6 +67,11 @@ class TalkerInfoCache:
             )
         self._info, self._fetched_at, self._stale = info, time.monotonic(), False
         return info
+
+    @property
+    def cached(self) -> stages_pb2.TalkerInfo | None:
+        """The last info fetched (None before the first), however old."""
+        return self._info
 
     def invalidate(self) -> None:
         """Re-fetch before the next request (e.g. after a talker failure)."""

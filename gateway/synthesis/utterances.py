@@ -2,7 +2,7 @@
 text; the sentences of streamed text input) spoken back to back, as one continuous audio stream.
 
 :class:`UtteranceSequence` takes utterance plans from an async iterable (all known at once for a
-long text, or arriving over time) and runs each as its own :class:`~gateway.pipeline.SynthesisPipeline`
+long text, or arriving over time) and runs each as its own :class:`~gateway.stages.pipeline.SynthesisPipeline`
 (``Talker.Generate`` piped into ``Decoder.Decode``), in a task of its own that drains the
 decoder's audio into a queue, so no stage call ever waits for the client. Its events come out
 strictly in order: every event of utterance k (started, audio..., done) before any of k + 1.
@@ -35,7 +35,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterable, AsyncIterator, Sequence
+from collections.abc import AsyncIterable, AsyncIterator
 from dataclasses import dataclass, field
 
 import grpc
@@ -46,14 +46,22 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 from tts_common.silence import SilenceDetector, SilenceStop
+from tts_common.synthesis.segments import SegmentPlan, segment_request_id
+from tts_common.synthesis.validation import SynthesisPlan, native_sample_rate, talker_request
 
-from .config import STAGE, FailoverPolicy
-from .pipeline import StageError, SynthesisPipeline
-from .routing import StageClient
+from ..config import STAGE, FailoverPolicy, GatewayConfig
+from ..stages.errors import StageError
+from ..stages.pipeline import SynthesisPipeline
+from ..stages.routing import StageClient
+from .responses import OutputPlan
+from .voice import ResolvedVoice
 
 logger = logging.getLogger(__name__)
 
 _SUCCESS = (tts_pb2.FINISH_REASON_EOS, tts_pb2.FINISH_REASON_LENGTH)
+
+NATIVE_FRAME_RATE = 12.5
+"""Codec frames per second of the 12 Hz checkpoints (when the talker reports none)."""
 
 
 @dataclass(frozen=True)
@@ -126,7 +134,9 @@ class SequenceSettings:
 
 
 @dataclass(eq=False)
-class _Utterance:
+class _RunningUtterance:
+    """An utterance the sequence has started: its events, and whether the next may start."""
+
     index: int
     plan: UtterancePlan
     events: asyncio.Queue[UtteranceEvent | BaseException] = field(default_factory=asyncio.Queue)
@@ -157,13 +167,13 @@ class UtteranceSequence:
         self._decoder = decoder
         self._settings = settings
         self._deadline = None if time_remaining is None else time.monotonic() + time_remaining
-        self._utterances: list[_Utterance] = []
+        self._utterances: list[_RunningUtterance] = []
         self.results: list[UtteranceDone] = []
         """Every delivered utterance's :class:`UtteranceDone`, in order."""
 
     async def events(self, plans: AsyncIterable[UtterancePlan]) -> AsyncIterator[UtteranceEvent]:
         """Run ``plans`` and yield their events in order; close the iterator to stop everything."""
-        queue: asyncio.Queue[_Utterance | _End | BaseException] = asyncio.Queue()
+        queue: asyncio.Queue[_RunningUtterance | _End | BaseException] = asyncio.Queue()
         window = asyncio.Semaphore(1 + self._settings.lookahead)
         producer = asyncio.create_task(self._start_utterances(plans, queue, window), name="utterances")
         position = 0
@@ -198,17 +208,17 @@ class UtteranceSequence:
     async def _start_utterances(
         self,
         plans: AsyncIterable[UtterancePlan],
-        queue: asyncio.Queue[_Utterance | _End | BaseException],
+        queue: asyncio.Queue[_RunningUtterance | _End | BaseException],
         window: asyncio.Semaphore,
     ) -> None:
         """Start each plan's utterance when the window and the previous one's audio allow."""
-        previous: _Utterance | None = None
+        previous: _RunningUtterance | None = None
         try:
             async for plan in plans:
                 await window.acquire()
                 if previous is not None:
                     await previous.audible.wait()
-                utterance = _Utterance(len(self._utterances), plan)
+                utterance = _RunningUtterance(len(self._utterances), plan)
                 utterance.task = asyncio.create_task(
                     self._run(utterance), name=f"utterance {utterance.index}"
                 )
@@ -225,7 +235,7 @@ class UtteranceSequence:
             return None
         return max(self._deadline - time.monotonic(), 0.001)
 
-    async def _run(self, utterance: _Utterance) -> None:
+    async def _run(self, utterance: _RunningUtterance) -> None:
         """One utterance through the stages; its events (or its error) go to its queue."""
         plan = utterance.plan
         try:
@@ -257,7 +267,7 @@ class UtteranceSequence:
             utterance.audible.set()
 
     async def _stream_until_cancelled(
-        self, utterance: _Utterance, pipeline: SynthesisPipeline
+        self, utterance: _RunningUtterance, pipeline: SynthesisPipeline
     ) -> UtteranceDone:
         """:meth:`_stream`, stopped as soon as the plan's ``cancelled`` event is set."""
         cancelled = utterance.plan.cancelled
@@ -276,7 +286,7 @@ class UtteranceSequence:
             return self._cancelled(utterance, pipeline)
         return stream.result()
 
-    def _cancelled(self, utterance: _Utterance, pipeline: SynthesisPipeline | None) -> UtteranceDone:
+    def _cancelled(self, utterance: _RunningUtterance, pipeline: SynthesisPipeline | None) -> UtteranceDone:
         done = pipeline.talker_done if pipeline is not None else None
         return UtteranceDone(
             index=utterance.index,
@@ -288,7 +298,7 @@ class UtteranceSequence:
             talker_done=done or stages_pb2.TalkerDone(),
         )
 
-    async def _stream(self, utterance: _Utterance, pipeline: SynthesisPipeline) -> UtteranceDone:
+    async def _stream(self, utterance: _RunningUtterance, pipeline: SynthesisPipeline) -> UtteranceDone:
         """Forward the decoder's PCM into the utterance's queue, through the silence stop."""
         settings = self._settings
         detector = (
@@ -344,36 +354,43 @@ class UtteranceSequence:
         )
 
 
-def overall_finish_reason(results: Sequence[UtteranceDone]) -> int:
-    """The finish reason of a whole stream: LENGTH if any utterance hit its budget, else SILENCE
-    if the silence stop ended any, else EOS."""
-    reasons = {r.finish_reason for r in results}
-    for reason in (tts_pb2.FINISH_REASON_LENGTH, tts_pb2.FINISH_REASON_SILENCE):
-        if reason in reasons:
-            return reason
-    return tts_pb2.FINISH_REASON_EOS
+def sequence_settings(
+    config: GatewayConfig, plan: SynthesisPlan, info: tts_pb2.ModelInfo
+) -> SequenceSettings:
+    """How a request's utterances run: the server's lookahead, drain timeout and failover, and
+    the silence stop (the request's switch over the server's)."""
+    on = config.silence_stop if plan.silence_stop is None else plan.silence_stop
+    rate = native_sample_rate(info)
+    return SequenceSettings(
+        lookahead=config.segment_lookahead,
+        drain_timeout=config.stage_timeout_seconds,
+        failover=FailoverPolicy.from_config(config),
+        silence=SilenceStop(config.silence_threshold_dbfs, config.silence_stop_seconds) if on else None,
+        sample_rate=rate,
+        frame_samples=round(rate / (info.frame_rate or NATIVE_FRAME_RATE)),
+    )
 
 
-def segment_summaries(
-    results: Sequence[UtteranceDone], output_ratio: float, total_samples: int
-) -> list[tts_pb2.SegmentSummary]:
-    """Per-utterance summaries with positions at the output rate: native positions scaled by
-    ``output_ratio`` (output samples per native sample), the last segment ending at
-    ``total_samples`` (the stream's total), so the segments tile the output."""
-    starts = [round(r.start_sample * output_ratio) for r in results] + [total_samples]
-    return [
-        tts_pb2.SegmentSummary(
-            index=r.index,
-            text_start=r.plan.text_start,
-            text_end=r.plan.text_end,
-            seed=r.plan.talker_request.sampling.seed,
-            start_sample=starts[i],
-            num_samples=max(starts[i + 1] - starts[i], 0),
-            frames=r.frames,
-            finish_reason=r.finish_reason,
-        )
-        for i, r in enumerate(results)
-    ]
+def utterance_plan(
+    segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
+) -> UtterancePlan:
+    """What the stages are sent for one segment of a request."""
+    utterance_id = segment_request_id(request_id, segment.index)
+    message = talker_request(
+        segment.plan,
+        utterance_id,
+        speaker_embedding=voice.speaker_embedding,
+        ref_codes=voice.ref_codes,
+        ref_text=voice.ref_text,
+    )
+    decode_start = stages_pb2.DecodeStart(
+        request_id=utterance_id,
+        first_chunk_frames=out.first_chunk_frames,
+        max_chunk_frames=out.max_chunk_frames,
+    )
+    if voice.ref_codes is not None and voice.ref_codes.num_frames > 0:
+        decode_start.prefix_codes.CopyFrom(voice.ref_codes)  # left context; its audio is not sent
+    return UtterancePlan(message, decode_start, text_start=segment.start, text_end=segment.end)
 
 
 __all__ = [
@@ -384,6 +401,6 @@ __all__ = [
     "UtterancePlan",
     "UtteranceSequence",
     "UtteranceStarted",
-    "overall_finish_reason",
-    "segment_summaries",
+    "sequence_settings",
+    "utterance_plan",
 ]

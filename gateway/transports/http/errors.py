@@ -28,7 +28,7 @@ from tts_common import metrics
 from tts_common.errors import PayloadTooLargeError, TTSError
 from tts_common.serving.rpc_errors import grpc_status_for
 
-from ..config import STAGE
+from ...config import STAGE
 
 logger = logging.getLogger(__name__)
 

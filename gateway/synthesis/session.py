@@ -1,21 +1,24 @@
-"""StreamingSynthesize's core, for any transport (:meth:`gateway.service.SynthesisService.
-stream_synthesize`): text deltas in, the Synthesize response stream out, plus an
-``utterance_end`` per utterance.
+"""One StreamingSynthesize stream after its configuration was accepted
+(:class:`StreamingSession`, run by :mod:`gateway.core.streamed` for any transport): text deltas
+in, the Synthesize response stream out, plus an ``utterance_end`` per utterance. The session is
+handed what it works with (the prepared request, its utterance sequence, its response builder,
+its utterance cutter) and calls nothing above it.
 
 Three parts run side by side and meet in one queue, whose order is the response order:
 
 * the reader takes the client's messages (after the configuration) with the idle timeout, cuts
-  the text into utterances (:class:`gateway.text_input.UtteranceCutter`) and turns each into a
+  the text into utterances (:class:`~gateway.synthesis.text_cutter.UtteranceCutter`) and turns each into a
   ``text_open`` talker request whose ``AppendText`` / ``EndText`` messages follow as the text
   arrives (one feed queue per utterance);
-* the :class:`~gateway.utterances.UtteranceSequence` runs those utterances back to back, its
+* the :class:`~gateway.synthesis.utterances.UtteranceSequence` runs those utterances back to back, its
   events pumped into the queue;
-* the response generator encodes the audio and writes the utterance ends and the summary.
+* the response generator hands the audio, the utterance ends and the summary to the stream's
+  :class:`~gateway.synthesis.responses.ResponseBuilder`.
 
 Cancel: the reader stops every utterance not yet finished (their ``cancelled`` events: the
 sequence closes their pipelines, freeing the talker slots) and queues a cancel marker. When the
 generator reaches the marker it sends each stopped utterance's ``utterance_end`` (CANCELLED, the
-samples actually sent): the acknowledgement. Audio of a stopped utterance is dropped from the
+samples it had sent): the acknowledgement. Audio of a stopped utterance is dropped from the
 moment the reader saw the cancel, so none follows the acknowledgement.
 """
 
@@ -28,21 +31,17 @@ import logging
 import time
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.segments import SegmentPlan, segment_plan
-from tts_common.synthesis.validation import RequestLimits, SynthesisPlan
-from tts_common.text import TokenCounter
+from tts_common.synthesis.segments import segment_plan
 
-from .audio_stream import AudioStream, OutputPlan
-from .cloning import ResolvedVoice
-from .config import STAGE, GatewayConfig
-from .prepared import PreparedRequest
-from .text_input import (
+from ..config import STAGE
+from .request import PreparedRequest
+from .responses import ResponseBuilder, SegmentRecord
+from .text_cutter import (
     AppendUtteranceText,
     EndUtterance,
     OpenUtterance,
@@ -57,54 +56,49 @@ from .utterances import (
     UtteranceEvent,
     UtterancePlan,
     UtteranceSequence,
+    utterance_plan,
 )
-
-
-class StreamServices(Protocol):
-    """What a :class:`TextStream` uses of :class:`gateway.service.SynthesisService` (which
-    creates it; a protocol keeps this module from importing the service back)."""
-
-    config: GatewayConfig
-    limits: RequestLimits
-
-    def segment_size(
-        self, plan: SynthesisPlan, voice: ResolvedVoice, max_seq_len: int
-    ) -> tuple[int, TokenCounter]: ...
-
-    def sequence(self, prepared: PreparedRequest, time_remaining: float | None) -> UtteranceSequence: ...
-
-    def utterance_plan(
-        self, segment: SegmentPlan, request_id: str, voice: ResolvedVoice, out: OutputPlan
-    ) -> UtterancePlan: ...
-
-    def stream_summary(
-        self, stream: AudioStream, results: list[UtteranceDone], num_segments: int
-    ) -> tts_pb2.SynthesisSummary: ...
-
 
 logger = logging.getLogger(__name__)
 
 
 @dataclass(eq=False)
-class _Utterance:
+class _StreamedUtterance:
+    """One utterance of the streamed text: its text so far, its talker feed, its outcome."""
+
     index: int
     text_start: int
     text_end: int
     seed: int
     feed: asyncio.Queue[stages_pb2.TalkerClientMessage | None] = field(default_factory=asyncio.Queue)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
-    start_sample: int | None = None
-    """Output position of its first sample sent."""
-    samples_sent: int = 0
-    """Output samples sent."""
     ended: bool = False
     """Its utterance_end was sent."""
     done: UtteranceDone | None = None
 
+    def record(self, finish_reason: int | None = None) -> SegmentRecord:
+        """What the summary and its utterance_end say of it (``finish_reason``: else its own)."""
+        done = self.done
+        if finish_reason is None:
+            finish_reason = (
+                tts_pb2.FINISH_REASON_CANCELLED
+                if self.cancelled.is_set()
+                else (done.finish_reason if done is not None else 0)
+            )
+        return SegmentRecord(
+            index=self.index,
+            text_start=self.text_start,
+            text_end=self.text_end,
+            seed=self.seed,
+            frames=done.frames if done is not None else 0,
+            finish_reason=finish_reason,
+            talker_done=done.talker_done if done is not None else stages_pb2.TalkerDone(),
+        )
+
 
 @dataclass(frozen=True)
 class _Cancelled:
-    utterances: list[_Utterance]
+    utterances: list[_StreamedUtterance]
 
 
 class _Finished:
@@ -121,44 +115,45 @@ async def _messages_of(
         yield message
 
 
-class TextStream:
-    """One StreamingSynthesize stream after its configuration was accepted."""
+class StreamingSession:
+    """One StreamingSynthesize stream after its configuration was accepted (see the module doc)."""
 
     def __init__(
         self,
-        service: StreamServices,
         prepared: PreparedRequest,
         messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
         request_id: str,
         *,
-        received: float,
-        time_remaining: float | None,
-        speed: float = 1.0,
+        sequence: UtteranceSequence,
+        responses: ResponseBuilder,
+        cutter: UtteranceCutter,
+        max_text_chars: int,
+        idle_timeout: float,
     ) -> None:
-        self._service = service
+        """``messages``: the client's messages after the configuration; ``sequence``: runs the
+        utterances; ``responses``: makes every response; ``cutter``: cuts the text into
+        utterances; ``max_text_chars``: the text limit over the stream; ``idle_timeout``: how long
+        the text may stay open with neither a message nor audio."""
         self._prepared = prepared
         self._messages = messages
         self._request_id = request_id
-        self._received = received
-        self._time_remaining = time_remaining
-        self._speed = speed
-        self._idle_timeout = service.config.text_idle_timeout_seconds
+        self._sequence = sequence
+        self._builder = responses
+        self._cutter = cutter
+        self._max_text_chars = max_text_chars
+        self._idle_timeout = idle_timeout
         self._last_activity = time.monotonic()
         self._out: asyncio.Queue[_Item] = asyncio.Queue()
         self._plans: asyncio.Queue[UtterancePlan | None] = asyncio.Queue()
-        self._utterances: list[_Utterance] = []
-        self._current: _Utterance | None = None
-        size, count = service.segment_size(prepared.plan, prepared.voice, prepared.max_seq_len)
-        self._cutter = UtteranceCutter(size, count)
+        self._utterances: list[_StreamedUtterance] = []
+        self._current: _StreamedUtterance | None = None
 
     async def responses(self) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
         """Metadata, then audio and utterance ends as they come, then the summary."""
-        prepared = self._prepared
-        stream = prepared.audio_stream(self._received, self._speed)
-        sequence = self._service.sequence(prepared, self._time_remaining)
-        yield prepared.metadata(self._request_id)
+        builder = self._builder
+        yield builder.metadata()
         reader = asyncio.create_task(self._read(), name="text reader")
-        pump = asyncio.create_task(self._pump(sequence), name="utterance events")
+        pump = asyncio.create_task(self._pump(self._sequence), name="utterance events")
         try:
             while True:
                 item = await self._out.get()
@@ -170,15 +165,11 @@ class TextStream:
                     for utterance in item.utterances:
                         if not utterance.ended:
                             metrics.CANCELLED_UTTERANCES.labels(stage=STAGE).inc()
-                            yield self._utterance_end(utterance, stream, tts_pb2.FINISH_REASON_CANCELLED)
+                            yield self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
                 elif isinstance(item, UtteranceAudio):
-                    utterance = self._utterances[item.index]
-                    if utterance.cancelled.is_set():
+                    if self._utterances[item.index].cancelled.is_set():
                         continue
-                    response = await stream.chunk(item.samples)
-                    if utterance.start_sample is None:
-                        utterance.start_sample = response.audio.start_sample
-                    utterance.samples_sent += response.audio.num_samples
+                    response = await builder.audio(item.index, item.samples)
                     self._last_activity = time.monotonic()
                     yield response
                 elif isinstance(item, UtteranceDone):
@@ -186,11 +177,11 @@ class TextStream:
                     utterance.done = item
                     self._observe(item.talker_done)
                     if not utterance.ended:
-                        yield self._utterance_end(utterance, stream, item.finish_reason)
-            final = await stream.finish()
+                        yield self._utterance_end(utterance, item.finish_reason)
+            final = await builder.finish()
             if final is not None:
                 yield final
-            yield tts_pb2.SynthesizeResponse(summary=self._summary(stream, sequence.results))
+            yield builder.summary([u.record() for u in self._utterances])
         finally:
             for task in (reader, pump):
                 task.cancel()
@@ -213,7 +204,7 @@ class TextStream:
                 kind = check_message(message)
                 if kind == "text":
                     total += len(message.text)
-                    check_total_text(total, self._service.limits.max_text_chars)
+                    check_total_text(total, self._max_text_chars)
                     self._apply(self._cutter.push(message.text))
                 elif kind == "flush":
                     self._apply(self._cutter.flush())
@@ -269,15 +260,13 @@ class TextStream:
                 self._current.feed.put_nowait(None)
                 self._current = None
 
-    def _open(self, action: OpenUtterance) -> _Utterance:
+    def _open(self, action: OpenUtterance) -> _StreamedUtterance:
         """Queue the next utterance's talker request (text open)."""
         plan = self._prepared.plan
         index = len(self._utterances)
         segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
-        utterance = _Utterance(index, segment.start, segment.end, segment.seed)
-        stages = self._service.utterance_plan(
-            segment, self._request_id, self._prepared.voice, self._prepared.output_plan
-        )
+        utterance = _StreamedUtterance(index, segment.start, segment.end, segment.seed)
+        stages = utterance_plan(segment, self._request_id, self._prepared.voice, self._prepared.output_plan)
         stages.talker_request.text_open = True
         self._plans.put_nowait(
             dataclasses.replace(stages, text=_messages_of(utterance.feed), cancelled=utterance.cancelled)
@@ -312,25 +301,9 @@ class TextStream:
             self._out.put_nowait(exc)
 
     # --- responses ------------------------------------------------------------------------
-    def _utterance_end(
-        self, utterance: _Utterance, stream: AudioStream, reason: int
-    ) -> tts_pb2.SynthesizeResponse:
+    def _utterance_end(self, utterance: _StreamedUtterance, reason: int) -> tts_pb2.SynthesizeResponse:
         utterance.ended = True
-        done = utterance.done.talker_done if utterance.done is not None else stages_pb2.TalkerDone()
-        start = utterance.start_sample if utterance.start_sample is not None else stream.num_samples
-        return tts_pb2.SynthesizeResponse(
-            utterance_end=tts_pb2.UtteranceEnd(
-                index=utterance.index,
-                text_start=utterance.text_start,
-                text_end=utterance.text_end,
-                start_sample=start,
-                num_samples=utterance.samples_sent,
-                finish_reason=reason,
-                seed=utterance.seed,
-                text_wait_ms=done.text_wait_ms,
-                stalled_frames=done.stalled_frames,
-            )
-        )
+        return self._builder.utterance_end(utterance.record(reason))
 
     @staticmethod
     def _observe(done: stages_pb2.TalkerDone) -> None:
@@ -338,28 +311,5 @@ class TextStream:
         if done.stalled_frames:
             metrics.STALLED_FRAMES.labels(stage=STAGE).inc(done.stalled_frames)
 
-    def _summary(self, stream: AudioStream, results: list[UtteranceDone]) -> tts_pb2.SynthesisSummary:
-        summary = self._service.stream_summary(stream, results, len(self._utterances))
-        for utterance in self._utterances:
-            done = utterance.done
-            summary.segments.append(
-                tts_pb2.SegmentSummary(
-                    index=utterance.index,
-                    text_start=utterance.text_start,
-                    text_end=utterance.text_end,
-                    seed=utterance.seed,
-                    start_sample=utterance.start_sample or 0,
-                    num_samples=utterance.samples_sent,
-                    frames=done.frames if done is not None else 0,
-                    finish_reason=tts_pb2.FINISH_REASON_CANCELLED
-                    if utterance.cancelled.is_set()
-                    else (done.finish_reason if done is not None else 0),
-                )
-            )
-            if done is not None:
-                summary.text_wait_ms += done.talker_done.text_wait_ms
-                summary.stalled_frames += done.talker_done.stalled_frames
-        return summary
 
-
-__all__ = ["TextStream"]
+__all__ = ["StreamingSession"]

@@ -22,8 +22,8 @@ import uvicorn
 
 from tts_common.serving.health import ServingHealth
 
-from ..config import GatewayConfig
-from ..service import SynthesisService
+from ...config import GatewayConfig
+from ...core import Gateway
 from .app import HttpApi, create_app
 
 logger = logging.getLogger(__name__)
@@ -69,9 +69,9 @@ def bind_socket(host: str, port: int) -> socket.socket:
 class HttpServer:
     """The HTTP API of one gateway process (see the module doc)."""
 
-    def __init__(self, service: SynthesisService, config: GatewayConfig, host: str, port: int) -> None:
+    def __init__(self, gateway: Gateway, config: GatewayConfig, host: str, port: int) -> None:
         """``host``/``port``: where to listen (port 0: any free port, see :attr:`port`)."""
-        self.api = HttpApi(service, config)
+        self.api = HttpApi(gateway, config)
         self.app = create_app(self.api)
         self.host = host
         self.requested_port = port

@@ -1,13 +1,14 @@
 """``WebSocket /v1/audio/speech/stream``: text in as it is written, audio out as it is spoken, on
-the gateway's StreamingSynthesize core (:meth:`gateway.service.SynthesisService.stream_synthesize`),
-so the checks, cuts, cancel and limits are the gRPC API's own.
+the gateway's StreamingSynthesize core (:class:`gateway.core.streamed.StreamedSynthesis`), so the
+checks, cuts, cancel and limits are the gRPC API's own.
 
 Client messages are JSON text frames, each with a ``type``:
 
 * ``config`` (first, once): the ``POST /v1/audio/speech`` body without ``input`` (``voice``,
   ``instructions``, ``response_format`` -- ``pcm`` by default here --, ``speed``, and our fields:
   ``language``, ``seed`` and the other sampling fields, ``text_feeding``, chunk sizes), plus
-  ``api_key`` for clients that cannot set headers (browsers); ``model`` is optional;
+  ``api_key`` for clients that cannot set headers (browsers); ``model`` is optional (the
+  default model);
 * ``text`` with ``"text": "..."``: the next piece of the text, split anywhere;
 * ``flush``: the text so far is a complete utterance;
 * ``cancel``: stop speaking now (barge-in); the stream stays open for more text;
@@ -27,40 +28,27 @@ import json
 import logging
 import time
 from collections.abc import AsyncIterator, Mapping
-from typing import Any, Literal, Protocol
+from typing import Any, Literal
 
 import grpc
 from fastapi import WebSocket, WebSocketDisconnect
-from fastapi.requests import HTTPConnection
 from google.protobuf.json_format import MessageToDict
 from pydantic import Field, ValidationError, create_model
 
 from tts_common.errors import InvalidRequestError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.serving.health import ServingHealth
 
+from ...core import Gateway
+from ...synthesis.text_cutter import read_config
 from ..auth import ApiKeys
-from ..service import SynthesisService
-from ..text_input import read_config
+from .connection import check_ready, request_id_of
 from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
 from .schemas import SpeechRequest
-from .speech import synthesize_request
+from .speech import speech_request
 from .streaming import summary_object
-
-
-class StreamingApi(Protocol):
-    """What a :class:`SpeechStream` uses of :class:`gateway.http.app.HttpApi` (which routes the
-    WebSocket to it; a protocol keeps this module from importing the app back)."""
-
-    service: SynthesisService
-    aliases: Mapping[str, str]
-    keys: ApiKeys | None
-
-    def check_ready(self) -> None: ...
-
-    def request_id(self, connection: HTTPConnection, explicit: str = "") -> str: ...
-
 
 logger = logging.getLogger(__name__)
 
@@ -110,9 +98,21 @@ async def _receive(websocket: WebSocket) -> dict[str, Any] | None:
 class SpeechStream:
     """One WebSocket connection (see the module doc)."""
 
-    def __init__(self, api: StreamingApi, websocket: WebSocket) -> None:
-        self.api = api
+    def __init__(
+        self,
+        websocket: WebSocket,
+        gateway: Gateway,
+        aliases: Mapping[str, str],
+        keys: ApiKeys | None,
+        health: ServingHealth | None,
+    ) -> None:
+        """``aliases``: the voice aliases; ``keys``: the accepted API keys (None: no
+        authentication); ``health``: the process's (None: always serving)."""
         self.websocket = websocket
+        self.gateway = gateway
+        self.aliases = aliases
+        self.keys = keys
+        self.health = health
         self.request_id = ""
         self.speed = 1.0
         self.closed_by_client = False
@@ -151,22 +151,20 @@ class SpeechStream:
 
     async def config(self, value: dict[str, Any]) -> tts_pb2.SynthesizeRequest:
         """The SynthesizeRequest of a config message (the API key checked first)."""
-        api = self.api
-        if api.keys is not None:
+        if self.keys is not None:
             headers: list[tuple[str, str]] = list(self.websocket.headers.items())
             if isinstance(value.get("api_key"), str) and value["api_key"]:
                 headers.append(("authorization", f"Bearer {value['api_key']}"))
-            api.keys.authenticate(headers, 'header or config "api_key"')
+            self.keys.authenticate(headers, 'header or config "api_key"')
         try:
             body = StreamConfig.model_validate(value)
         except ValidationError as exc:
             raise InvalidRequestError(validation_error(exc.errors()).message) from None
         if body.input:
             raise InvalidRequestError("input must be empty: send the text in `text` messages")
-        self.request_id = api.request_id(self.websocket, body.request_id)
+        self.request_id = request_id_of(self.websocket, body.request_id)
         self.speed = body.speed
-        info = await api.service.public_model_info()
-        return synthesize_request(body, self.request_id, info, api.service.voices, api.aliases)
+        return await speech_request(body, self.request_id, self.gateway, self.aliases)
 
     async def run(self) -> None:
         """Serve the connection until the summary, a failure or the client leaving."""
@@ -174,11 +172,11 @@ class SpeechStream:
         await websocket.accept()
         received = time.monotonic()
         try:
-            self.api.check_ready()
+            check_ready(self.health)
             messages = self.messages()
             config = await read_config(messages)
             with request_context(self.request_id):
-                responses = self.api.service.stream_synthesize(
+                responses = self.gateway.streamed.synthesize(
                     config, messages, self.request_id, received=received, speed=self.speed
                 )
                 async for response in responses:

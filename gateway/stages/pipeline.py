@@ -9,7 +9,7 @@ message with a :class:`StageError` naming the stage, even while the other stage 
 for input. :meth:`SynthesisPipeline.close` cancels both calls (after sending the talker a
 ``Cancel``), so a cancelled client frees its talker slot at once.
 
-Failover (:mod:`gateway.failover`): the frames forwarded so far are kept (bounded). When a call
+Failover (:mod:`gateway.stages.failover`): the frames forwarded so far are kept (bounded). When a call
 fails at the connection level (the replica died, hung past the keepalive timeout, or is shutting
 down; not a request error), the pipeline moves it to another healthy replica of the stage:
 
@@ -46,11 +46,11 @@ from typing import Any, Generic, TypeVar, cast
 import grpc
 
 from tts_common import metrics
-from tts_common.errors import TTSError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 
-from .config import FailoverPolicy
-from .failover import FrameLog, is_connection_failure, record_failover, trim_pcm
+from ..config import FailoverPolicy
+from .errors import StageError
+from .failover import FrameLog, record_failover, trim_pcm
 from .routing import Endpoint, StageClient
 
 logger = logging.getLogger(__name__)
@@ -59,60 +59,6 @@ StubT = TypeVar("StubT")
 
 CANCEL_WRITE_TIMEOUT_S = 0.5
 """How long close() tries to deliver the Cancel message before cancelling the talker call."""
-
-# Upstream statuses passed to the client unchanged (the stage's message, prefixed by its name).
-_PASS_THROUGH = {
-    grpc.StatusCode.INVALID_ARGUMENT,
-    grpc.StatusCode.NOT_FOUND,
-    grpc.StatusCode.RESOURCE_EXHAUSTED,
-    grpc.StatusCode.FAILED_PRECONDITION,
-    grpc.StatusCode.DEADLINE_EXCEEDED,
-    grpc.StatusCode.OUT_OF_RANGE,
-    grpc.StatusCode.UNIMPLEMENTED,
-    grpc.StatusCode.INTERNAL,
-    grpc.StatusCode.UNKNOWN,
-    grpc.StatusCode.PERMISSION_DENIED,
-    grpc.StatusCode.UNAUTHENTICATED,
-    grpc.StatusCode.ALREADY_EXISTS,
-    grpc.StatusCode.ABORTED,
-    grpc.StatusCode.DATA_LOSS,
-}
-
-
-class StageError(TTSError):
-    """A stage call failed; reported to the client with ``grpc_status`` and a message that
-    names the stage. Connection-level failures (and a stage cancelling on its own, e.g. while
-    shutting down) become UNAVAILABLE. ``connection_failure``: whether another replica may
-    take the call over (default: by the status, :func:`gateway.failover.is_connection_failure`)."""
-
-    def __init__(
-        self,
-        stage: str,
-        code: grpc.StatusCode,
-        details: str,
-        *,
-        connection_failure: bool | None = None,
-    ) -> None:
-        self.stage = stage
-        self.details = details
-        self.connection_failure = (
-            is_connection_failure(code) if connection_failure is None else connection_failure
-        )
-        self.code = code if code in _PASS_THROUGH else grpc.StatusCode.UNAVAILABLE
-        self.grpc_status = self.code.name  # type: ignore[misc]  # per-instance status
-        if self.code is grpc.StatusCode.UNAVAILABLE:
-            message = f"{stage} stage unavailable: {details}"
-        else:
-            message = f"{stage} stage: {details}"
-        super().__init__(message)
-
-    @classmethod
-    def from_rpc_error(cls, stage: str, exc: grpc.aio.AioRpcError) -> StageError:
-        return cls(stage, exc.code(), exc.details() or exc.code().name)
-
-    def final(self, details: str) -> StageError:
-        """The error to end the stream with after failover gave up (same stage and status)."""
-        return StageError(self.stage, self.code, details, connection_failure=False)
 
 
 class _PinnedStub(Generic[StubT]):

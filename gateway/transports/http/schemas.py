@@ -41,7 +41,11 @@ class _SpeechRequestBase(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str = Field(description="Any name: the gateway serves one model (see GET /v1/models).")
+    model: str = Field(
+        "",
+        description="A served model (GET /v1/models) or an alias of one; absent or empty: the default model. "
+        "Unknown: 404 listing the served models.",
+    )
     input: str = Field(description="The text to speak.")
     voice: str | VoiceRef = Field(
         description="A preset speaker, a registered voice id, or an alias (--voice-alias); "

@@ -1,6 +1,6 @@
-"""The gateway's gRPC servicer: ``qwen3tts.v1.TextToSpeech``, a thin layer over
-:class:`gateway.service.SynthesisService` (request ids, log context, errors mapped to statuses),
-and the server assembly (API keys, TLS)."""
+"""The gateway's gRPC servicer: ``qwen3tts.v1.TextToSpeech``, a thin layer over the
+transport-free core :class:`gateway.core.Gateway` (request ids, log context, errors mapped to
+statuses), and the server assembly (API keys, TLS)."""
 
 from __future__ import annotations
 
@@ -18,19 +18,19 @@ from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 from tts_common.serving.server import build_server
 
+from ..config import STAGE, GatewayConfig
+from ..core import Gateway
+from ..synthesis.text_cutter import read_config
 from .auth import ApiKeyInterceptor
-from .config import STAGE, GatewayConfig
-from .service import SynthesisService
-from .text_input import read_config
 
 SERVICE_NAME = service_name(tts_pb2, "TextToSpeech")
 
 
 class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
-    """The public gRPC API over a :class:`SynthesisService`."""
+    """The public gRPC API over a :class:`~gateway.core.Gateway`."""
 
-    def __init__(self, service: SynthesisService) -> None:
-        self.service = service
+    def __init__(self, gateway: Gateway) -> None:
+        self.gateway = gateway
 
     @handle_rpc_errors(stage=STAGE)
     async def Synthesize(
@@ -39,7 +39,7 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         received = time.monotonic()
         request_id = resolve_request_id(request.request_id, context)
         with request_context(request_id):
-            responses = self.service.synthesize(
+            responses = self.gateway.unary.synthesize(
                 request, request_id, received=received, time_remaining=context.time_remaining()
             )
             async for response in responses:
@@ -56,7 +56,7 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         config = await read_config(messages)
         request_id = resolve_request_id(config.request_id, context)
         with request_context(request_id):
-            responses = self.service.stream_synthesize(
+            responses = self.gateway.streamed.synthesize(
                 config, messages, request_id, received=received, time_remaining=context.time_remaining()
             )
             async for response in responses:
@@ -67,14 +67,21 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext
     ) -> tts_pb2.ListVoicesResponse:
         with request_context(resolve_request_id("", context)):
-            return await self.service.list_voices()
+            return await self.gateway.voices.list_voices(request.model)
 
     @handle_rpc_errors(stage=STAGE)
     async def GetModelInfo(
         self, request: tts_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
     ) -> tts_pb2.ModelInfo:
         with request_context(resolve_request_id("", context)):
-            return await self.service.public_model_info()
+            return await self.gateway.catalog.model_info(request.model)
+
+    @handle_rpc_errors(stage=STAGE)
+    async def ListModels(
+        self, request: tts_pb2.ListModelsRequest, context: grpc.aio.ServicerContext
+    ) -> tts_pb2.ListModelsResponse:
+        with request_context(resolve_request_id("", context)):
+            return await self.gateway.catalog.list_models()
 
     @handle_rpc_errors(stage=STAGE)
     async def RegisterVoice(
@@ -82,14 +89,14 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
     ) -> tts_pb2.Voice:
         request_id = resolve_request_id("", context)
         with request_context(request_id):
-            return await self.service.register_voice(request, request_id, context.time_remaining())
+            return await self.gateway.voices.register(request, request_id, context.time_remaining())
 
     @handle_rpc_errors(stage=STAGE)
     async def DeleteVoice(
         self, request: tts_pb2.DeleteVoiceRequest, context: grpc.aio.ServicerContext
     ) -> tts_pb2.DeleteVoiceResponse:
         with request_context(resolve_request_id("", context)):
-            await self.service.delete_voice(request.voice_id)
+            await self.gateway.voices.delete(request.voice_id)
             return tts_pb2.DeleteVoiceResponse()
 
 

@@ -294,22 +294,32 @@ class StageClient(Generic[StubT]):
 
 
 def tie_readiness(health: ServingHealth, clients: Sequence[StageClient[Any]]) -> None:
-    """Make ``health``'s services report NOT_SERVING while no replica of one of ``clients``
-    passes its health checks (dependency ``"<stage> stage"``), SERVING again when one does."""
+    """Make ``health``'s services report NOT_SERVING while no replica of a stage among
+    ``clients`` passes its health checks (dependency ``"<stage> stage"``), SERVING again when one
+    does. Clients of the same stage (the talkers of several models) count together: the stage is
+    available while any of them is reachable."""
+    by_stage: dict[str, list[StageClient[Any]]] = {}
     for client in clients:
-        name = f"{client.stage} stage"
+        by_stage.setdefault(client.stage, []).append(client)
+    for stage, group in by_stage.items():
+        name = f"{stage} stage"
 
-        def update(client: StageClient[Any] = client, name: str = name) -> None:
-            if client.reachable != (name not in health.unmet_dependencies):
+        def reachable(group: list[StageClient[Any]] = group) -> bool:
+            return any(c.reachable for c in group)
+
+        def update(reachable: Callable[[], bool] = reachable, name: str = name) -> None:
+            now = reachable()
+            if now != (name not in health.unmet_dependencies):
                 logger.warning(
                     "readiness: %s %s",
                     name,
-                    "reachable again" if client.reachable else "has no reachable replica: NOT_SERVING",
+                    "reachable again" if now else "has no reachable replica: NOT_SERVING",
                 )
-            health.set_dependency(name, client.reachable)
+            health.set_dependency(name, now)
 
-        health.set_dependency(name, client.reachable)
-        client.add_listener(update)
+        health.set_dependency(name, reachable())
+        for client in group:
+            client.add_listener(update)
 
 
 __all__ = ["Endpoint", "StageClient", "is_target_uri", "tie_readiness", "uri_service_config"]

@@ -3,7 +3,7 @@
 Our stages are deterministic, so a replacement replica can rebuild a stream: the decoder's audio
 is a pure function of the codec frames (exact streaming), and the talker's frames for a request
 and seed are the same on any replica and in any batch (batch-invariant sampling). This module
-holds the pieces :mod:`gateway.pipeline` (and the speaker call in :mod:`gateway.cloning`) use
+holds the pieces :mod:`gateway.stages.pipeline` (and the speaker call in :mod:`gateway.stages.speaker`) use
 (how far to go, :class:`~gateway.config.FailoverPolicy`, lives with the configuration):
 
 * :func:`is_connection_failure` — which gRPC statuses mean "the replica or the connection to it
@@ -27,28 +27,19 @@ import numpy as np
 from tts_common import metrics
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 
+from .errors import CONNECTION_FAILURES, is_connection_failure
 from .routing import Endpoint, StageClient
 
 if TYPE_CHECKING:
-    from .config import FailoverPolicy
+    from ..config import FailoverPolicy
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 StubT = TypeVar("StubT")
 
-CONNECTION_FAILURES = frozenset({grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED})
-"""Statuses of a stage call that fail over: the replica died, restarted, hung (keepalive
-timeout), is shutting down or not ready, or cancelled the call itself. Every other status is
-the stage's verdict on the request and reaches the client."""
-
 REPLAY_CHUNK_FRAMES = 50
 """Frames per CodecChunk when replaying to a new decoder (4 s of audio per message)."""
-
-
-def is_connection_failure(code: grpc.StatusCode) -> bool:
-    """Whether a stage call that ended with ``code`` should move to another replica."""
-    return code in CONNECTION_FAILURES
 
 
 class FrameLog:
