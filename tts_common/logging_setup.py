@@ -37,31 +37,27 @@ def current_request_id() -> str | None:
 
 
 @contextlib.contextmanager
-def request_context(request_id: str | None) -> Iterator[None]:
-    """Tag log records emitted inside the block with ``request_id`` (restored afterwards)."""
-    token = REQUEST_ID.set(request_id or None)
+def _tagged(var: contextvars.ContextVar[str | None], value: str | None) -> Iterator[None]:
+    token = var.set(value or None)
     try:
         yield
     finally:
         try:
-            REQUEST_ID.reset(token)
+            var.reset(token)
         except ValueError:
             # An async generator holding this block was finalised from another task (grpc closes
             # abandoned response streams that way): that task's context was never changed.
             pass
 
 
-@contextlib.contextmanager
-def model_context(model: str | None) -> Iterator[None]:
+def request_context(request_id: str | None) -> contextlib.AbstractContextManager[None]:
+    """Tag log records emitted inside the block with ``request_id`` (restored afterwards)."""
+    return _tagged(REQUEST_ID, request_id)
+
+
+def model_context(model: str | None) -> contextlib.AbstractContextManager[None]:
     """Tag log records emitted inside the block with the served ``model`` (restored afterwards)."""
-    token = MODEL.set(model or None)
-    try:
-        yield
-    finally:
-        try:
-            MODEL.reset(token)
-        except ValueError:  # finalised from another task, as in request_context
-            pass
+    return _tagged(MODEL, model)
 
 
 class RequestContextFilter(logging.Filter):

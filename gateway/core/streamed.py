@@ -10,6 +10,7 @@ utterance sequence, the response builder and the utterance cutter it works with.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from tts_common import metrics
 from tts_common.logging_setup import model_context
@@ -23,13 +24,13 @@ from ..synthesis.text_cutter import UtteranceCutter
 from .admission import Admission
 
 
+@dataclass(frozen=True)
 class StreamedSynthesis:
     """``StreamingSynthesize`` over the served models (see the module doc)."""
 
-    def __init__(self, models: ModelRegistry, context: SynthesisContext, admission: Admission) -> None:
-        self.models = models
-        self.context = context
-        self.admission = admission
+    models: ModelRegistry
+    context: SynthesisContext
+    admission: Admission
 
     async def synthesize(
         self,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import AsyncIterator
+from dataclasses import dataclass
 
 from tts_common.logging_setup import model_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -40,13 +41,13 @@ def segment_record(done: UtteranceDone) -> SegmentRecord:
     )
 
 
+@dataclass(frozen=True)
 class UnarySynthesis:
     """``Synthesize`` over the served models (see the module doc)."""
 
-    def __init__(self, models: ModelRegistry, context: SynthesisContext, admission: Admission) -> None:
-        self.models = models
-        self.context = context
-        self.admission = admission
+    models: ModelRegistry
+    context: SynthesisContext
+    admission: Admission
 
     async def synthesize(
         self,
