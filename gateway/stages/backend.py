@@ -70,10 +70,6 @@ class ModelBackend:
             clients.append(self.speaker.client)  # type: ignore[arg-type]
         return tuple(clients)
 
-    def describe(self, talker: stages_pb2.TalkerInfo) -> str:
-        """``"'base' (base 1b7)"``: the model for messages."""
-        return f"{self.name!r} ({model_label(talker.model)})"
-
     async def start(self, startup_timeout: float) -> stages_pb2.TalkerInfo:
         """Check the replicas' health from now on, wait until the talker answers GetModelInfo
         and fetch its tokenizer; a talker-named model learns its name here."""
