@@ -1,12 +1,15 @@
 """Voices belong to the API key that registered them, over gRPC and HTTP alike (one gateway on
 SQLite here; two gateways sharing PostgreSQL: ``tests/integration/test_voice_library.py``):
 another key gets NOT_FOUND for the voice on use, get, update, export and delete and does not list
-it; an admin key sees and manages every voice; the library keeps a keyed digest, never the key.
+it; an admin key sees and manages every voice; the library keeps a keyed digest, never the key;
+the WebSocket stream belongs to the key of its config message.
 Also the HTTP voice routes (get, PATCH, export, import) and their OpenAPI schema."""
 
 from __future__ import annotations
 
+import contextlib
 import io
+import json
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +19,8 @@ import openai
 import pytest
 import soundfile as sf
 from fastapi import FastAPI
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
 
 from gateway.transports.http.voices import voices_router
 from gateway.voice_library import NO_KEYS
@@ -215,5 +220,36 @@ def test_another_key_gets_404_over_http_and_the_admin_key_sees_all(tmp_path: Pat
             assert {"RegisteredVoice", "VoiceList", "VoiceDocument", "VoicePatchBody", "VoiceDeleted"} <= set(
                 schemas
             )
+
+    run(main())
+
+
+def test_a_streamed_text_speaks_only_its_own_keys_voices(tmp_path: Path) -> None:
+    """WebSocket /v1/audio/speech/stream: the key of the config message (or the header) owns
+    the stream, so another key's voice is 4404 and its own is spoken."""
+
+    async def main() -> None:
+        async with owned_harness(tmp_path) as h:
+            voice = await h.stub.RegisterVoice(
+                tts_pb2.RegisterVoiceRequest(
+                    reference=tts_pb2.VoiceClone(ref_audio=wav(), x_vector_only=True)
+                ),
+                metadata=as_key(KEY_A),
+            )
+            url = h.http_url.replace("http", "ws", 1) + "/v1/audio/speech/stream"
+            for key, headers, code in (
+                (KEY_B, {}, 4404),
+                (KEY_A, {}, 1000),
+                ("", {"x-api-key": KEY_B}, 4404),
+                ("", {"x-api-key": ADMIN}, 1000),
+            ):
+                config = {"type": "config", "model": h.model_name, "voice": voice.voice_id, "api_key": key}
+                async with connect(url, additional_headers=headers) as ws:
+                    for message in (config, {"type": "text", "text": "Hi."}, {"type": "end"}):
+                        await ws.send(json.dumps(message))
+                    with contextlib.suppress(ConnectionClosed):
+                        while True:
+                            await ws.recv()
+                assert ws.close_code == code, (key, headers)
 
     run(main())
