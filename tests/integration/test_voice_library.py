@@ -29,6 +29,7 @@ import openai
 import pytest
 import soundfile as sf
 
+from tests.helpers.crash import register_across_a_crash
 from tests.helpers.fake_stages import Harness, expect_rpc_error, run
 from tests.helpers.postgres import (
     ThrowawayPostgres,
@@ -215,40 +216,19 @@ def test_killing_the_database_mid_registration_loses_no_acknowledged_voice() -> 
 
 async def registrations_across_a_crash(server: ThrowawayPostgres) -> None:
     async with Harness("base", voices_db=server.url, voices_db_timeout=TIMEOUT_S, max_voices=100_000) as h:
-        acknowledged: dict[str, bytes] = {}
-        failures: list[grpc.aio.AioRpcError] = []
-        crashed = asyncio.Event()
-        in_flight = 0
-        in_flight_at_crash = 0
 
-        async def writer(worker: int) -> None:
-            nonlocal in_flight
-            seed = worker * 10_000
-            while True:
-                seed += 1
-                in_flight += 1
-                started = time.monotonic()
-                try:
-                    voice = await h.stub.RegisterVoice(registration(seed), timeout=30)
-                except grpc.aio.AioRpcError as exc:
-                    assert time.monotonic() - started < TIMEOUT_S + 5.0  # hang guard
-                    assert crashed.is_set(), f"failed before the crash: {exc}"
-                    failures.append(exc)
-                    return
-                finally:
-                    in_flight -= 1
-                acknowledged[voice.voice_id] = fake_embedding(wav(seed)).tobytes()
+        async def register(seed: int) -> tuple[str, bytes]:
+            voice = await h.stub.RegisterVoice(registration(seed), timeout=30)
+            return voice.voice_id, fake_embedding(wav(seed)).tobytes()
 
-        tasks = [asyncio.create_task(writer(i)) for i in range(WRITERS)]
-        while len(acknowledged) < 40:
-            await asyncio.sleep(0.01)
-        in_flight_at_crash = in_flight
-        crashed.set()
-        await asyncio.to_thread(server.crash)
-        await asyncio.gather(*tasks)
+        report = await register_across_a_crash(
+            server, register, grpc.aio.AioRpcError, writers=WRITERS, timeout_s=TIMEOUT_S
+        )
+        acknowledged = report.acknowledged
         # every registration the crash interrupted reported UNAVAILABLE, with the retry hint
-        assert len(failures) == WRITERS and in_flight_at_crash > 0
-        for failure in failures:
+        assert len(report.failures) == WRITERS and report.in_flight_at_crash > 0
+        for failure in report.failures:
+            assert isinstance(failure, grpc.aio.AioRpcError)
             assert failure.code() == grpc.StatusCode.UNAVAILABLE, failure
             assert ("retry-after", "1") in tuple(failure.trailing_metadata() or ())
 
@@ -264,7 +244,7 @@ async def registrations_across_a_crash(server: ThrowawayPostgres) -> None:
                 break
         missing = set(acknowledged) - stored
         assert not missing, f"{len(missing)} acknowledged voice(s) lost"
-        assert len(stored - set(acknowledged)) <= in_flight_at_crash  # committed, answer lost
+        assert len(stored - set(acknowledged)) <= report.in_flight_at_crash  # committed, answer lost
         for voice_id, embedding in list(acknowledged.items())[:5]:
             await h.synthesize(tts_pb2.SynthesizeRequest(text="Hi", voice_id=voice_id))
             assert np.array(h.talker.requests[-1].speaker_embedding, np.float32).tobytes() == embedding
