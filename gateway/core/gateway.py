@@ -47,10 +47,13 @@ class Gateway:
         self.library_host = GatewayLibrary(config, library)
         self.library = self.library_host.library
         self.admission = Admission(config.max_concurrent_streams)
-        context = SynthesisContext(config, models.decoder, self.library, request_limits(config))
+        limits = request_limits(config)
+        context = SynthesisContext(config, models.decoder, self.library, limits)
         self.unary = UnarySynthesis(models, context, self.admission)
         self.streamed = StreamedSynthesis(models, context, self.admission)
-        self.voices = VoiceService(models, self.library, VoiceDesigner(models, context, self.admission))
+        self.voices = VoiceService(
+            models, self.library, VoiceDesigner(models, context, self.admission), limits
+        )
         self.catalog = ModelCatalog(models)
 
     @classmethod

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+from datetime import datetime
 from typing import Any
 
 import numpy as np
@@ -24,7 +25,7 @@ from google.protobuf.timestamp_pb2 import Timestamp
 from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.validation import check_clone, check_voice_kind
+from tts_common.synthesis.validation import RequestLimits, check_clone, check_voice_kind
 
 from ..stages.backend import ModelBackend, voice_family
 from ..stages.models import ModelRegistry
@@ -41,10 +42,10 @@ def _is_base(backend: ModelBackend, talker: stages_pb2.TalkerInfo) -> bool:
     return talker.model.model_type == "base"
 
 
-def _timestamp(info_time: Any) -> Timestamp:
-    moment = Timestamp()
-    moment.FromDatetime(info_time)
-    return moment
+def _timestamp(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
 
 
 def voice_message(info: VoiceInfo) -> tts_pb2.Voice:
@@ -91,10 +92,13 @@ def voice_patch(request: tts_pb2.UpdateVoiceRequest) -> VoicePatch:
 class VoiceService:
     """Registered voices over the served models and the voice library (see the module doc)."""
 
-    def __init__(self, models: ModelRegistry, library: VoiceLibrary, designer: VoiceDesigner) -> None:
+    def __init__(
+        self, models: ModelRegistry, library: VoiceLibrary, designer: VoiceDesigner, limits: RequestLimits
+    ) -> None:
         self.models = models
         self.library = library
         self.designer = designer
+        self.limits = limits
 
     async def list_voices(
         self, request: tts_pb2.ListVoicesRequest, caller: Caller
@@ -158,7 +162,7 @@ class VoiceService:
             self.designer.check(request.design)
         else:
             check_voice_kind("clone", base.public_info(talker))
-            check_clone(request.reference, self.designer.context.limits, "reference")
+            check_clone(request.reference, self.limits, "reference")
         require_speaker(base)
         scope = await self.library.scope_of(caller)
         await self.library.check_capacity(scope)

@@ -57,10 +57,10 @@ def check_voice_family(voice: VoiceRecord, backend: ModelBackend, talker: stages
     families by any model that can clone): FAILED_PRECONDITION naming the voice's model and
     family and the requested model otherwise."""
     family = voice_family(talker)
-    voice_family_ = voice.info.model_family
-    if family and voice_family_ in ("", family):
+    its_family = voice.info.model_family
+    if family and its_family in ("", family):
         return
-    belongs = f"the {voice_family_} family" if voice_family_ else "another model"
+    belongs = f"the {its_family} family" if its_family else "another model"
     model_name = voice.info.model_name
     registered = f", registered with model {model_name!r}" if model_name else ""
     cannot = (
@@ -70,7 +70,7 @@ def check_voice_family(voice: VoiceRecord, backend: ModelBackend, talker: stages
     )
     raise FailedPreconditionError(
         f"voice {voice.voice_id} belongs to {belongs}{registered}; model {backend.name!r} is {cannot} "
-        f"and cannot speak it (use a model of the {voice_family_ or 'same'} family)"
+        f"and cannot speak it (use a model of the {its_family or 'same'} family)"
     )
 
 
