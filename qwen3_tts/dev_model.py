@@ -257,9 +257,12 @@ def _write_checkpoint(folder: Path, model_type: str, seed: int, size: str) -> No
 
 def _move_files_into(source: Path, target: Path, last: str) -> None:
     """Move every file under ``source`` to the same relative path under ``target`` (each an
-    atomic rename on one filesystem, replacing what is there), ``source/last`` after all others."""
+    atomic rename on one filesystem, replacing what is there), ``source/last`` after all others.
+    Each is made readable by everyone first (safetensors writes 0600), so that a checkpoint made
+    by one user loads in processes of another (the image runs as uid 10001)."""
     files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p == source / last)
     for file in files:
         destination = target / file.relative_to(source)
         destination.parent.mkdir(parents=True, exist_ok=True)
+        file.chmod(0o644)
         os.replace(file, destination)

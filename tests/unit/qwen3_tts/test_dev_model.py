@@ -61,6 +61,11 @@ def test_the_checkpoint_fills_its_folder_and_never_replaces_it(tmp_path: Path) -
     finally:
         os.close(handle)
     Qwen3TTSConfig.from_dict(json.loads((root / "config.json").read_text()))
+    # readable by every user (the image's processes run as uid 10001, whoever made the checkpoint)
+    modes = {
+        p.name: p.stat().st_mode & 0o777 for p in root.rglob("*") if p.is_file() and p.name != "keep.txt"
+    }
+    assert set(modes.values()) == {0o644}, modes
 
 
 def test_an_interrupted_write_leaves_no_config_json(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
