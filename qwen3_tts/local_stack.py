@@ -235,8 +235,8 @@ def busy_port(stages: list[StageProcess]) -> str | None:
         for host, port, flag in listeners(stage):
             if port_taken(host, port):
                 return (
-                    f"port {port} ({stage.name}) is already in use on {host}, by another "
-                    f"`qwen3-tts up`?: {PORT_ADVICE[flag]}"
+                    f"port {port} ({stage.name}) is already in use on {host} (another "
+                    f"`qwen3-tts up`?): {PORT_ADVICE[flag]}"
                 )
     return None
 
