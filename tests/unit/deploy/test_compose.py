@@ -604,3 +604,29 @@ def test_files_validate_against_the_compose_schema() -> None:
         assert not errors, f"{compose_file.name}: " + "; ".join(
             f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
         )
+
+
+def test_the_compose_check_overrides_only_where_the_build_gets_torch() -> None:
+    """`make compose-test` runs the README's CPU command plus one override of its own
+    (tests/integration/compose_engine.override.yml), which may only say where this machine's
+    build gets CPU torch and on which network: nothing about how the stack runs, so the check
+    runs what users run."""
+    override = load_yaml(REPO / "tests" / "integration" / "compose_engine.override.yml")
+    assert set(override) == {"services"}
+    assert set(override["services"]) == {"model-init"}, "the one service that builds"
+    (key,) = override["services"]["model-init"]
+    assert key == "build"
+    build = override["services"]["model-init"]["build"]
+    assert set(build) <= {"network", "args"} and set(build.get("args") or {}) <= {"TORCH_INDEX_URL"}
+    resolved = load_compose(
+        [*VARIANTS["cpu"], REPO / "tests" / "integration" / "compose_engine.override.yml"], {}
+    )
+    plain = load_compose(VARIANTS["cpu"], {})
+    for name, service in plain["services"].items():
+        assert {k: v for k, v in resolved["services"][name].items() if k != "build"} == {
+            k: v for k, v in service.items() if k != "build"
+        }, name
+    assert (
+        resolved["services"]["model-init"]["build"]["args"]["TORCH_INDEX_URL"]
+        == (plain["services"]["model-init"]["build"]["args"]["TORCH_INDEX_URL"])
+    ), "unset, the CPU override's own index"
