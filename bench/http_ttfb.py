@@ -31,7 +31,7 @@ import grpc
 import numpy as np
 import openai
 
-from gateway.http.formats import RESPONSE_FORMATS
+from gateway.transports.http.formats import RESPONSE_FORMATS
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 TRANSPORTS = ("http", "grpc")
@@ -79,9 +79,12 @@ class Request:
     seed: int
     max_new_tokens: int
     format: str
+    model: str = ""
+    """A served model ("": the gateway's default)."""
 
     def grpc(self) -> tts_pb2.SynthesizeRequest:
         request = tts_pb2.SynthesizeRequest(
+            model=self.model,
             text=self.text,
             instruct=self.instructions,
             sampling=tts_pb2.SamplingOptions(seed=self.seed, max_new_tokens=self.max_new_tokens),
@@ -97,7 +100,7 @@ class Request:
 
     def http_kwargs(self) -> dict[str, Any]:
         kwargs: dict[str, Any] = {
-            "model": "qwen3-tts",
+            "model": self.model,
             "input": self.text,
             "voice": self.voice or "default",  # voice_design models ignore it
             "response_format": self.format,
@@ -150,7 +153,9 @@ async def run(args: argparse.Namespace) -> list[Series]:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
 
         async def one(fmt: str, transport: str) -> Sample:
-            request = Request(args.text, args.voice, args.instructions, args.seed, args.max_new_tokens, fmt)
+            request = Request(
+                args.text, args.voice, args.instructions, args.seed, args.max_new_tokens, fmt, args.model
+            )
             if transport == "http":
                 return await via_http(sdk, request)
             return await via_grpc(stub, request, metadata)
@@ -198,6 +203,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--requests", type=int, default=20, help="measured requests per format and transport")
     p.add_argument("--warmup", type=int, default=2, help="unmeasured requests per format and transport")
     p.add_argument("--text", default="Hello world, this is a quick test of the time to first byte.")
+    p.add_argument("--model", default="", help="a served model (default: the gateway's default)")
     p.add_argument("--voice", default="", help="preset speaker or voice id ('' for voice_design models)")
     p.add_argument("--instructions", default="")
     p.add_argument("--seed", type=int, default=1234)

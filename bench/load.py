@@ -71,6 +71,7 @@ def percentiles(values: list[float]) -> dict[str, float]:
 
 async def one_request(stub, args, rng: random.Random, sample_rate: int = 24000) -> Result:
     request = tts_pb2.SynthesizeRequest(
+        model=args.model,
         text=rng.choice(TEXTS),
         language=args.language,
         sampling=tts_pb2.SamplingOptions(seed=rng.randrange(2**31), max_new_tokens=args.max_new_tokens),
@@ -175,6 +176,7 @@ def main() -> None:
     ap.add_argument("--rate", type=float, default=1.0, help="open loop: mean arrivals per second")
     ap.add_argument("--duration", type=float, default=30.0, help="open loop: seconds of arrivals")
     ap.add_argument("--requests", type=int, default=32, help="upper bound on requests sent")
+    ap.add_argument("--model", default="", help="a served model (default: the gateway's default)")
     ap.add_argument("--speaker")
     ap.add_argument("--voice-id")
     ap.add_argument("--language", default="auto")

@@ -29,6 +29,7 @@ from pathlib import Path
 import grpc
 from playback import Playback, PlayedStream
 
+from qwen3_tts.request_flags import add_request_flags, request_from_flags
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 SENTENCES = (
@@ -95,30 +96,15 @@ def synthesize(
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateway", default="127.0.0.1:50051")
-    ap.add_argument("--speaker", help="preset speaker (custom_voice checkpoints)")
-    ap.add_argument("--instruct", help="voice description (voice_design checkpoints)")
-    ap.add_argument("--language", default="english")
+    add_request_flags(ap, language="english", seed=1234, cloning=False, greedy=False)
     ap.add_argument("--chars", type=int, default=20_000)
     ap.add_argument("--repeats", type=int, default=3)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--max-new-tokens", type=int, help="per segment (default: the talker's runaway guard)")
     ap.add_argument("--deadline", type=float, default=3600.0)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
     text = chapter(args.chars)
-    sampling = tts_pb2.SamplingOptions(seed=args.seed)
-    if args.max_new_tokens is not None:
-        sampling.max_new_tokens = args.max_new_tokens
-    base = tts_pb2.SynthesizeRequest(
-        language=args.language,
-        sampling=sampling,
-        output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_PCM16),
-    )
-    if args.speaker:
-        base.speaker = args.speaker
-    if args.instruct:
-        base.instruct = args.instruct
+    base = request_from_flags(args)
 
     long_runs: list[Stream] = []
     first_runs: list[Stream] = []

@@ -36,6 +36,7 @@ from pathlib import Path
 import grpc
 from playback import Playback, PlayedStream
 
+from qwen3_tts.request_flags import add_request_flags, request_from_flags
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 PARAGRAPH = (
@@ -150,33 +151,17 @@ def median(values: list[float]) -> float | None:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateway", default="127.0.0.1:50051")
-    ap.add_argument("--speaker", help="preset speaker (custom_voice checkpoints)")
-    ap.add_argument("--instruct", help="voice description (voice_design checkpoints)")
-    ap.add_argument("--language", default="english")
+    add_request_flags(ap, language="english", seed=1234, cloning=False, greedy=False)
     ap.add_argument("--rates", default="5,15,50,inf", help="deltas per second; inf = all at once")
     ap.add_argument("--concurrency", default="1,8")
     ap.add_argument("--repeats", type=int, default=2, help="rounds per (rate, concurrency)")
     ap.add_argument("--chars-per-token", type=float, default=4.0)
-    ap.add_argument("--seed", type=int, default=1234)
-    ap.add_argument("--max-new-tokens", type=int)
     ap.add_argument("--deadline", type=float, default=600.0)
     ap.add_argument("--smoke", action="store_true", help="one stream at R = 50 and one Synthesize, then stop")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
 
-    sampling = tts_pb2.SamplingOptions(seed=args.seed)
-    if args.max_new_tokens is not None:
-        sampling.max_new_tokens = args.max_new_tokens
-    config = tts_pb2.SynthesizeRequest(
-        language=args.language,
-        text_feeding=tts_pb2.TEXT_FEEDING_STREAMING,
-        sampling=sampling,
-        output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_PCM16),
-    )
-    if args.speaker:
-        config.speaker = args.speaker
-    if args.instruct:
-        config.instruct = args.instruct
+    config = request_from_flags(args, text_feeding=tts_pb2.TEXT_FEEDING_STREAMING)
     deltas = deltas_of(PARAGRAPH, args.chars_per_token)
     rates = [50.0] if args.smoke else [float(r) for r in args.rates.split(",")]
     levels = [1] if args.smoke else [int(c) for c in args.concurrency.split(",")]

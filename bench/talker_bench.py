@@ -30,19 +30,16 @@ from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
 from tts_common.compute_thread import call_in_fresh_thread
 from tts_common.config import CheckpointConfig, GenerationConfig, SpeechTokenizerConfig
-from tts_common.onednn_linear import use_onednn_linears
 from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
 from tts_common.synthesis import SamplingParams
 
 
-def build_model(size: str, dtype: torch.dtype, onednn_linears: bool = True) -> TalkerModel:
+def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
     cfg = release_model_config(size, "custom_voice")
     torch.manual_seed(0)
     talker = Talker(cfg.talker).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
         talker.codec_head.weight[cfg.talker.codec_eos_token_id].zero_()  # fixed-length runs
-    if onednn_linears:
-        use_onednn_linears(talker)  # as TalkerModel.from_checkpoint does on CPU float32
     ckpt = CheckpointConfig(
         path=Path("."),
         model=cfg,
@@ -63,10 +60,10 @@ def random_prompt(model: TalkerModel, prefill_len: int, seed: int) -> TalkerProm
     )
 
 
-def bench_offline(model: TalkerModel, frames: int, prefill_len: int) -> dict:
+def bench_offline(model: TalkerModel, frames: int, prefill_len: int, linear: str) -> dict:
     """One request through ``TalkerEngine.generate_all``: what ``qwen3-tts synthesize`` runs."""
     prompt = random_prompt(model, prefill_len, 0)
-    config = EngineConfig(max_slots=1, max_seq_len=prefill_len + frames + 8)
+    config = EngineConfig(max_slots=1, max_seq_len=prefill_len + frames + 8, linear=linear)
     engine = call_in_fresh_thread(TalkerEngine, model, config)  # allocates the KV cache
     with engine:
         engine.generate_all([(prompt, SamplingParams.greedy(), 3)])  # warm-up
@@ -77,8 +74,8 @@ def bench_offline(model: TalkerModel, frames: int, prefill_len: int) -> dict:
     return {"frames": n, "seconds": dt, "ms_per_frame": 1000 * dt / n, "frames_per_s": n / dt}
 
 
-def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len: int) -> dict:
-    config = EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8)
+def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len: int, linear: str) -> dict:
+    config = EngineConfig(max_slots=max(concurrency, 1), max_seq_len=prefill_len + frames + 8, linear=linear)
     engine = call_in_fresh_thread(TalkerEngine, model, config)  # allocates the KV cache
     engine.start()
     done = threading.Event()
@@ -167,7 +164,7 @@ def main() -> None:
         "--linear",
         default="onednn",
         choices=["onednn", "torch"],
-        help="CPU float32 linear kernels: pre-packed oneDNN (the loader's default) or torch's",
+        help="CPU float32 linear kernels: pre-packed oneDNN or torch's (the engine's --linear)",
     )
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
@@ -176,7 +173,7 @@ def main() -> None:
     t0 = time.perf_counter()
     # Every compute runs off the main thread, in threads that exit, except the engine's loop: as
     # in the talker server (tts_common.compute_thread explains why it matters on CPU).
-    model = call_in_fresh_thread(build_model, args.size, dtype, args.linear == "onednn")
+    model = call_in_fresh_thread(build_model, args.size, dtype)
     print(
         f"built random {args.size} talker ({sum(t.numel() for t in model.talker.state_dict().values()) / 1e6:.0f} M "
         f"params) in {time.perf_counter() - t0:.1f} s; threads={args.threads} dtype={args.dtype} linear={args.linear}"
@@ -192,7 +189,7 @@ def main() -> None:
     # Best of --repeat runs: on a shared machine interference only ever slows a run down.
     off = min(
         (
-            call_in_fresh_thread(bench_offline, model, args.frames, args.prefill_len)
+            call_in_fresh_thread(bench_offline, model, args.frames, args.prefill_len, args.linear)
             for _ in range(args.repeat)
         ),
         key=lambda r: r["ms_per_frame"],
@@ -207,7 +204,7 @@ def main() -> None:
     base = off["frames_per_s"]
     for n in [int(x) for x in args.concurrency.split(",")]:
         r = max(
-            (bench_engine(model, n, args.frames, args.prefill_len) for _ in range(args.repeat)),
+            (bench_engine(model, n, args.frames, args.prefill_len, args.linear) for _ in range(args.repeat)),
             key=lambda r: r["steady_state_aggregate_frames_per_s"],
         )
         results["engine"].append(r)

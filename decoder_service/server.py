@@ -29,6 +29,7 @@ from tts_common.codes import codes_from_proto
 from tts_common.compute_thread import ComputeThread
 from tts_common.config import load_checkpoint_config
 from tts_common.errors import CapacityError, FailedPreconditionError, InvalidRequestError, UnavailableError
+from tts_common.fingerprint import reported_fingerprint
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.serving.request_ids import resolve_request_id
@@ -117,12 +118,15 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         self.running = 0
         self.total_requests = 0
         self.sample_rate = 24000
+        self.speech_tokenizer = ""
+        """Fingerprint of the loaded speech tokenizer (tts_common.fingerprint)."""
         # All of this process's torch work runs on this one thread (tts_common.compute_thread).
         self.compute = ComputeThread("decoder-compute")
 
     async def load(self) -> None:
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
+        self.speech_tokenizer = await asyncio.to_thread(reported_fingerprint, self.model_dir)
         self.decoder = await self.compute.run(
             load_codec_decoder,
             self.model_dir,
@@ -270,6 +274,19 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             max_batch_size=self.config.max_streams,
             total_requests=self.total_requests,
             ready=self.decoder is not None,
+            device=self.config.device,
+            dtype=self.config.dtype,
+        )
+
+    @handle_rpc_errors(stage="decoder")
+    async def GetModelInfo(
+        self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.DecoderInfo:
+        if self.decoder is None:
+            raise UnavailableError("decoder model is still loading")
+        return stages_pb2.DecoderInfo(
+            speech_tokenizer=self.speech_tokenizer,
+            sample_rate=self.sample_rate,
             device=self.config.device,
             dtype=self.config.dtype,
         )

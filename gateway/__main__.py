@@ -6,6 +6,11 @@ Example::
 
     python -m gateway --talker-targets localhost:50052 --decoder-targets localhost:50053 \\
         --speaker-targets localhost:50054 --voices-dir /var/lib/qwen3tts/voices
+
+Several models behind one gateway (one decoder pool)::
+
+    python -m gateway --decoder-targets localhost:50053 \\
+        --models "design: talker=localhost:50052; base: talker=localhost:50055 speaker=localhost:50054"
 """
 
 from __future__ import annotations
@@ -17,8 +22,8 @@ from tts_common.serving.lifecycle import serve
 from tts_common.serving.server import channel_options
 
 from .config import FLAGS, STAGE, gateway_config_from_args
-from .server import SERVICE_NAME, GatewayServicer, server_setup
-from .service import SynthesisService
+from .core import Gateway
+from .transports.grpc_api import SERVICE_NAME, GatewayServicer, server_setup
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -32,22 +37,22 @@ def main(argv: list[str] | None = None) -> None:
     setup_logging(server_config.log_level, stage=STAGE)
 
     async def run() -> None:
-        service = SynthesisService.from_config(config, channel_options(server_config))
-        add_servicers, build_kwargs = server_setup(GatewayServicer(service), config)
+        gateway = Gateway.from_config(config, channel_options(server_config))
+        add_servicers, build_kwargs = server_setup(GatewayServicer(gateway), config)
         companions = []
         if config.http_port:
-            from .http import HttpServer  # FastAPI and uvicorn load only when the API is on
+            from .transports.http import HttpServer  # FastAPI and uvicorn load only when the API is on
 
             host = config.http_host if config.http_host is not None else server_config.host
-            companions.append(HttpServer(service, config, host, config.http_port))
+            companions.append(HttpServer(gateway, config, host, config.http_port))
         await serve(
             server_config,
             add_servicers,
             [SERVICE_NAME],
-            startup=service.start,
-            shutdown=service.close,
+            startup=gateway.start,
+            shutdown=gateway.close,
             companions=companions,
-            on_health=service.tie_readiness,
+            on_health=gateway.tie_readiness,
             **build_kwargs,
         )
 

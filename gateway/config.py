@@ -13,6 +13,8 @@ import argparse
 import dataclasses
 import math
 import os
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -62,19 +64,99 @@ def port_number(text: str) -> int:
     return value
 
 
+def _parse_aliases(text: str, what: str, target: str) -> tuple[tuple[str, str], ...]:
+    """Comma-separated ``ALIAS=TARGET`` pairs; an alias is matched case-insensitively (stored
+    lower-cased) and may appear once."""
+    pairs: dict[str, str] = {}
+    for item in comma_list(text):
+        alias, sep, value = (part.strip() for part in item.partition("="))
+        if not sep or not alias or not value:
+            raise argparse.ArgumentTypeError(f"{what} alias {item!r} is not ALIAS={target}")
+        if alias.lower() in pairs:
+            raise argparse.ArgumentTypeError(f"{what} alias {alias!r} is given twice")
+        pairs[alias.lower()] = value
+    return tuple(pairs.items())
+
+
 def parse_voice_aliases(text: str) -> tuple[tuple[str, str], ...]:
     """``"alloy=vivian, echo=voice-0123"`` -> ``(("alloy", "vivian"), ("echo", "voice-0123"))``:
     comma-separated ``ALIAS=VOICE`` pairs; an alias is matched case-insensitively (stored
     lower-cased) and may appear once."""
-    pairs: dict[str, str] = {}
-    for item in comma_list(text):
-        alias, sep, voice = (part.strip() for part in item.partition("="))
-        if not sep or not alias or not voice:
-            raise argparse.ArgumentTypeError(f"voice alias {item!r} is not ALIAS=VOICE")
-        if alias.lower() in pairs:
-            raise argparse.ArgumentTypeError(f"voice alias {alias!r} is given twice")
-        pairs[alias.lower()] = voice
-    return tuple(pairs.items())
+    return _parse_aliases(text, "voice", "VOICE")
+
+
+def parse_model_aliases(text: str) -> tuple[tuple[str, str], ...]:
+    """``"tts-1=base-0b6, tts-1-hd=base-1b7"``: comma-separated ``ALIAS=MODEL`` pairs (as
+    :func:`parse_voice_aliases`), for clients that send a fixed model name."""
+    return _parse_aliases(text, "model", "MODEL")
+
+
+_MODEL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._\-]{0,127}$")
+"""A served model name: what a URL path segment and a log field can hold unquoted."""
+
+
+@dataclass(frozen=True)
+class ModelRoute:
+    """Where one served model's stages are (an entry of ``--models``)."""
+
+    name: str
+    """The name requests choose it by (``SynthesizeRequest.model``, HTTP ``model``)."""
+    talker_targets: tuple[str, ...]
+    """Its talker replicas (same syntax as ``--talker-targets``)."""
+    speaker_targets: tuple[str, ...] = ()
+    """Its speaker stage (Base models; none: no cloning from new reference audio)."""
+
+
+def check_model_name(name: str) -> str:
+    """A valid served model name (letters, digits, ``.``, ``_``, ``-``; at most 128), else
+    ArgumentTypeError."""
+    if not _MODEL_NAME.match(name):
+        raise argparse.ArgumentTypeError(
+            f"model name {name!r}: use letters, digits, '.', '_' and '-' (at most 128, not starting with "
+            "'.', '_' or '-')"
+        )
+    return name
+
+
+def parse_model_routes(text: str) -> tuple[ModelRoute, ...]:
+    """``"design: talker=a:1; base: talker=b:1,b:2 speaker=c:1"`` -> one :class:`ModelRoute` per
+    ``;``-separated entry: ``NAME: talker=TARGETS [speaker=TARGETS]`` (targets comma-separated
+    as in ``--talker-targets``). Names are unique."""
+    routes: dict[str, ModelRoute] = {}
+    for entry in (e.strip() for e in text.split(";")):
+        if not entry:
+            continue
+        name, sep, rest = (part.strip() for part in entry.partition(":"))
+        if not sep or not name:
+            raise argparse.ArgumentTypeError(
+                f"model {entry!r} is not 'NAME: talker=TARGETS [speaker=TARGETS]'"
+            )
+        check_model_name(name)
+        if name in routes:
+            raise argparse.ArgumentTypeError(f"model {name!r} is given twice")
+        stages: dict[str, tuple[str, ...]] = {}
+        for item in rest.split():
+            key, sep, value = item.partition("=")
+            if not sep or key not in ("talker", "speaker") or key in stages or not comma_list(value):
+                raise argparse.ArgumentTypeError(
+                    f"model {name!r}: {item!r} is not talker=TARGETS or speaker=TARGETS (each once)"
+                )
+            stages[key] = comma_list(value)
+        if "talker" not in stages:
+            raise argparse.ArgumentTypeError(f"model {name!r} has no talker=TARGETS")
+        routes[name] = ModelRoute(name, stages["talker"], stages.get("speaker", ()))
+    return tuple(routes.values())
+
+
+def format_model_routes(routes: Sequence[ModelRoute]) -> str:
+    """The ``--models`` value of ``routes`` (inverse of :func:`parse_model_routes`)."""
+    entries = []
+    for route in routes:
+        entry = f"{route.name}: talker={','.join(route.talker_targets)}"
+        if route.speaker_targets:
+            entry += f" speaker={','.join(route.speaker_targets)}"
+        entries.append(entry)
+    return "; ".join(entries)
 
 
 @dataclass(frozen=True)
@@ -103,16 +185,33 @@ class GatewayConfig:
     """Everything the gateway servicer needs besides the generic server settings."""
 
     talker_targets: tuple[str, ...] = ()
-    """Talker stage addresses (required): several ``host:port`` (round-robin / least-loaded in
-    Python) or one gRPC target URI such as ``dns:///talker:50052`` (resolved by gRPC,
-    round_robin)."""
+    """Talker stage addresses of the one served model (unless ``--models`` lists several; one of
+    the two is required): several ``host:port`` (round-robin / least-loaded in Python) or one
+    gRPC target URI such as ``dns:///talker:50052`` (resolved by gRPC, round_robin). The model's
+    name is the one its talker reports (its checkpoint directory's)."""
 
     decoder_targets: tuple[str, ...] = ()
-    """Decoder stage addresses (required; same syntax as the talker's)."""
+    """Decoder stage addresses (required; same syntax as the talker's): one pool for every served
+    model (their speech tokenizers must match, checked at startup)."""
 
     speaker_targets: tuple[str, ...] = ()
-    """Speaker stage addresses; empty disables voice cloning from new reference audio (inline
-    ``clone`` and RegisterVoice fail with FAILED_PRECONDITION; stored voices still work)."""
+    """Speaker stage addresses of the one served model (with ``--talker-targets``); empty
+    disables voice cloning from new reference audio (inline ``clone`` and RegisterVoice fail with
+    FAILED_PRECONDITION; stored voices still work)."""
+
+    models: tuple[ModelRoute, ...] = field(default=(), metadata=flag(parse=parse_model_routes))
+    """Several models behind this gateway, each by name with its own talker replicas and (Base
+    models) speaker stage: ``NAME: talker=TARGETS [speaker=TARGETS]; NAME2: ...`` (e.g.
+    ``design: talker=talker-design:50052; base: talker=talker-base:50052
+    speaker=speaker-base:50054``). Requests choose one with ``model``; instead of
+    ``--talker-targets`` / ``--speaker-targets``."""
+
+    default_model: str = ""
+    """The model of requests that name none (a name of ``--models``); unset: the first listed."""
+
+    model_alias: tuple[tuple[str, str], ...] = field(default=(), metadata=flag(parse=parse_model_aliases))
+    """More names for served models, for clients that send a fixed one (e.g. OpenAI's
+    ``tts-1``): ``ALIAS=MODEL`` pairs, e.g. ``tts-1=base,tts-1-hd=base-1b7``."""
 
     max_concurrent_streams: int = field(default=64, metadata=_POSITIVE_INT)
     """Synthesize streams served at once; further ones fail at once with RESOURCE_EXHAUSTED."""
@@ -285,8 +384,26 @@ def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
     :data:`MAX_CHUNK_FRAMES`."""
     config = config_from_args(GatewayConfig, args)
     key_file = config_from_args(ApiKeysFileConfig, args).api_keys_file
-    if not config.talker_targets:
-        raise ValueError("--talker-targets (or QWEN3TTS_TALKER_TARGETS) is required")
+    if not config.talker_targets and not config.models:
+        raise ValueError(
+            "--talker-targets or --models (or QWEN3TTS_TALKER_TARGETS / QWEN3TTS_MODELS) is required"
+        )
+    if config.models and (config.talker_targets or config.speaker_targets):
+        raise ValueError(
+            "--models names every model's stages: give it without --talker-targets/--speaker-targets"
+        )
+    names = [m.name for m in config.models]
+    if config.default_model and config.default_model not in names:
+        raise ValueError(
+            f"--default-model {config.default_model!r} is not one of --models ({', '.join(names) or 'none'})"
+        )
+    for alias, target in config.model_alias:
+        if names and target not in names:
+            raise ValueError(
+                f"--model-alias {alias}={target}: no model {target!r} (--models: {', '.join(names)})"
+            )
+        if alias in (n.lower() for n in names):
+            raise ValueError(f"--model-alias {alias!r} is already a model name")
     if not config.decoder_targets:
         raise ValueError("--decoder-targets (or QWEN3TTS_DECODER_TARGETS) is required")
     keys = set(config.api_keys)
@@ -320,7 +437,12 @@ __all__ = [
     "ApiKeysFileConfig",
     "FailoverPolicy",
     "GatewayConfig",
+    "ModelRoute",
+    "check_model_name",
+    "format_model_routes",
     "gateway_config_from_args",
+    "parse_model_aliases",
+    "parse_model_routes",
     "parse_voice_aliases",
     "port_number",
     "read_api_keys_file",

@@ -173,7 +173,14 @@ def cmd_make_dev_model(args: argparse.Namespace) -> int:
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
-    p.add_argument("--model", type=Path, help="checkpoint directory (default: the dev checkpoint)")
+    p.add_argument(
+        "--model",
+        action="append",
+        metavar="[NAME=]DIR",
+        help="checkpoint directory, served as NAME (default: the directory's name); repeat it to serve "
+        "several models behind one gateway and one decoder pool, the first the default (default: the dev "
+        "checkpoint)",
+    )
     p.add_argument(
         "--dev-model-dir",
         type=Path,
@@ -183,9 +190,10 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--dev-model-type",
         default="voice_design",
-        choices=["custom_voice", "base", "voice_design"],
-        help="dev checkpoint type: voice_design (no voice needed), custom_voice (preset speakers) "
-        "or base (voice cloning through the speaker stage)",
+        type=dev_model_types,
+        help="dev checkpoint type(s), comma-separated: voice_design (no voice needed), custom_voice "
+        "(preset speakers), base (voice cloning through the speaker stage); several (e.g. "
+        "voice_design,base,custom_voice) are served by name behind one gateway, the first the default",
     )
     p.add_argument("--host", default="127.0.0.1", help="gateway bind address (stages always on loopback)")
     p.add_argument("--port", type=int, default=50051, help="gateway port")
@@ -207,6 +215,19 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_up)
 
 
+def dev_model_types(text: str) -> str:
+    """``--dev-model-type``: comma-separated dev checkpoint types, each once."""
+    from .dev_model import MODEL_TYPES
+
+    types = [t.strip() for t in text.split(",") if t.strip()]
+    unknown = [t for t in types if t not in MODEL_TYPES]
+    if not types or unknown or len(set(types)) != len(types):
+        raise argparse.ArgumentTypeError(
+            f"expected distinct types among {', '.join(MODEL_TYPES)}, comma-separated; got {text!r}"
+        )
+    return ",".join(types)
+
+
 def cmd_up(args: argparse.Namespace) -> int:
     from .local_stack import run_local_stack
 
@@ -214,6 +235,8 @@ def cmd_up(args: argparse.Namespace) -> int:
 
 
 def _add_say(sub: argparse._SubParsersAction) -> None:
+    from .request_flags import add_request_flags
+
     p = sub.add_parser("say", help="synthesize through a running gateway into a WAV file")
     p.add_argument("text", nargs="?", default="", help="the text (not with --stream-text)")
     p.add_argument(
@@ -224,16 +247,7 @@ def _add_say(sub: argparse._SubParsersAction) -> None:
     )
     p.add_argument("-o", "--out", type=Path, default=Path("out.wav"))
     p.add_argument("--gateway", default="127.0.0.1:50051")
-    p.add_argument("--speaker")
-    p.add_argument("--language", default="auto")
-    p.add_argument("--instruct")
-    p.add_argument("--voice-id")
-    p.add_argument("--ref-audio", type=Path)
-    p.add_argument("--ref-text")
-    p.add_argument("--x-vector-only", action="store_true")
-    p.add_argument("--greedy", action="store_true")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--max-new-tokens", type=int)
+    add_request_flags(p)
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=cmd_say)

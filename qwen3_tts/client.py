@@ -18,36 +18,16 @@ import soundfile as sf
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
+from .request_flags import request_from_flags
+
 STDIN_READ_BYTES = 4096
 
 
 def build_request(args: argparse.Namespace) -> tts_pb2.SynthesizeRequest:
-    """The Synthesize request of ``args`` (with ``--stream-text``: the configuration, no text)."""
-    sampling = tts_pb2.SamplingOptions()
-    if args.greedy:
-        sampling.do_sample = False
-        sampling.subtalker_do_sample = False
-    if args.seed is not None:
-        sampling.seed = args.seed
-    if args.max_new_tokens is not None:
-        sampling.max_new_tokens = args.max_new_tokens
-    req = tts_pb2.SynthesizeRequest(
-        text="" if args.stream_text else args.text,
-        language=args.language,
-        instruct=args.instruct or "",
-        sampling=sampling,
-        output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32),
-    )
-    if args.speaker:
-        req.speaker = args.speaker
-    elif args.voice_id:
-        req.voice_id = args.voice_id
-    elif args.ref_audio:
-        req.clone.ref_audio = args.ref_audio.read_bytes()
-        req.clone.ref_audio_encoding = tts_pb2.REFERENCE_AUDIO_ENCODING_FILE
-        req.clone.ref_text = args.ref_text or ""
-        req.clone.x_vector_only = args.x_vector_only
-    return req
+    """The Synthesize request of ``args`` (with ``--stream-text``: the configuration, no text),
+    float32 audio."""
+    text = "" if args.stream_text else args.text
+    return request_from_flags(args, text=text, encoding=tts_pb2.AUDIO_ENCODING_FLOAT32)
 
 
 def text_deltas(stream: BinaryIO, read_bytes: int = STDIN_READ_BYTES) -> Iterator[str]:

@@ -1,15 +1,24 @@
-"""``qwen3-tts up``: the four stage processes on this machine, on loopback, until interrupted."""
+"""``qwen3-tts up``: the stage processes on this machine, on loopback, until interrupted.
+
+One model (``--model DIR``, or the embedded dev checkpoint) is the classic four processes: talker,
+decoder, speaker, gateway. Several (``--model DIR --model NAME=DIR2 ...``, or
+``--dev-model-type voice_design,base,custom_voice``) run one talker per model, a speaker stage
+for each Base model, and one decoder pool for all of them (their speech tokenizers must match:
+the gateway checks), behind one gateway that serves each model by name.
+"""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import json
 import os
 import signal
 import socket
 import subprocess
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -45,10 +54,75 @@ class StageProcess:
     port: int
     args: list[str]
     process: subprocess.Popen | None = None
+    model: str | None = None
+    """The served model a talker or speaker belongs to, by name (None: the decoder pool, the
+    gateway, or the stages of a stack's one unnamed model)."""
 
     @property
     def address(self) -> str:
         return f"127.0.0.1:{self.port}"
+
+
+@dataclass(frozen=True)
+class ServedModel:
+    """One model of the stack: a checkpoint directory and how the gateway serves it."""
+
+    path: Path
+    name: str | None = None
+    """Its served name; None: the one its talker reports (the directory's name)."""
+    clones: bool = True
+    """Whether it gets a speaker stage (Base models)."""
+
+    @property
+    def served_name(self) -> str:
+        return self.name or self.path.name
+
+
+def parse_model_arg(text: str) -> ServedModel:
+    """``--model`` of ``qwen3-tts up``: ``DIR`` or ``NAME=DIR`` (a name of letters, digits, '.',
+    '_' and '-')."""
+    name, sep, path = text.partition("=")
+    if sep and name and "/" not in name and Path(name).name == name:
+        return ServedModel(Path(path), name)
+    return ServedModel(Path(text))
+
+
+def _with_speakers(models: list[ServedModel]) -> list[ServedModel]:
+    """One model keeps the classic speaker stage; among several, only Base models get one."""
+    if len(models) == 1:
+        return models
+    result = []
+    for model in models:
+        config = model.path / "config.json"
+        try:
+            model_type = json.loads(config.read_text(encoding="utf-8")).get("tts_model_type")
+        except (OSError, ValueError) as exc:
+            raise ValueError(f"cannot read the checkpoint {config}: {exc}") from exc
+        result.append(dataclasses.replace(model, clones=model_type == "base"))
+    return result
+
+
+def served_models(args: argparse.Namespace) -> list[ServedModel]:
+    """The models ``qwen3-tts up`` serves: ``--model`` (repeatable), else the dev checkpoints of
+    ``--dev-model-type`` (comma-separated types; each created on first use and named after its
+    type when there are several)."""
+    if args.model:
+        models = [parse_model_arg(text) for text in args.model]
+    else:
+        from .dev_model import make_dev_model
+
+        types = [t.strip() for t in args.dev_model_type.split(",") if t.strip()]
+        models = []
+        for model_type in types:
+            path = args.dev_model_dir / model_type
+            if not (path / "config.json").is_file():
+                print(f"creating the dev checkpoint ({model_type}) in {path} ...", flush=True)
+            make_dev_model(path, model_type, if_missing=True)
+            models.append(ServedModel(path, model_type if len(types) > 1 else None))
+    names = [m.served_name for m in models]
+    if len(set(names)) != len(names):
+        raise ValueError(f"two models are named alike ({', '.join(names)}): name them, --model NAME=DIR")
+    return _with_speakers([dataclasses.replace(m, path=m.path.resolve()) for m in models])
 
 
 def free_port() -> int:
@@ -88,14 +162,43 @@ def on_free_ports(stages: list[StageProcess]) -> None:
         at = gateway.args.index("--http-port") + 1
         if gateway.args[at] != "0":
             gateway.args[at] = str(free_port())
-    for kind in ("talker", "decoder", "speaker"):
-        targets = [s.address for s in stages if stage_of(s.name) == kind]
-        gateway.args[gateway.args.index(f"--{kind}-targets") + 1] = ",".join(targets)
+    point_gateway(gateway, stages)
+
+
+def point_gateway(gateway: StageProcess, stages: list[StageProcess]) -> None:
+    """Set the gateway's target flags to the stage processes' addresses: ``--decoder-targets``
+    and, per model, its talkers and speaker (``--models``, or for one unnamed model
+    ``--talker-targets`` / ``--speaker-targets``)."""
+
+    def addresses(kind: str, model: str | None) -> list[str]:
+        return [s.address for s in stages if stage_of(s.name) == kind and s.model == model]
+
+    def put(flag: str, value: str) -> None:
+        gateway.args[gateway.args.index(flag) + 1] = value
+
+    put("--decoder-targets", ",".join(addresses("decoder", None)))
+    if "--models" not in gateway.args:
+        put("--talker-targets", ",".join(addresses("talker", None)))
+        put("--speaker-targets", ",".join(addresses("speaker", None)))
+        return
+    from gateway.config import ModelRoute, format_model_routes
+
+    names = list(dict.fromkeys(s.model for s in stages if s.model is not None))
+    routes = [ModelRoute(n, tuple(addresses("talker", n)), tuple(addresses("speaker", n))) for n in names]
+    put("--models", format_model_routes(routes))
 
 
 def replica_name(stage: str, index: int) -> str:
     """Process name of replica ``index`` (0-based) of ``stage``: talker, talker-2, talker-3, ..."""
     return stage if index == 0 else f"{stage}-{index + 1}"
+
+
+def replica_group(stage: StageProcess) -> str:
+    """The processes ``stage`` is one replica among: its stage, and its model's name where it
+    serves a named one (``talker (model base)``). ``up`` stops when every replica of a group is
+    lost: one model's talkers, the decoder pool, a Base model's speakers."""
+    kind = stage_of(stage.name)
+    return kind if stage.model is None else f"{kind} (model {stage.model})"
 
 
 def stage_of(name: str) -> str:
@@ -104,7 +207,7 @@ def stage_of(name: str) -> str:
 
 
 def stage_commands(
-    model: Path,
+    model: Path | Sequence[ServedModel],
     host: str,
     port: int,
     base_port: int,
@@ -114,73 +217,86 @@ def stage_commands(
     http_port: int = 8000,
 ) -> list[StageProcess]:
     """Command lines of the stages and the gateway (the same flags the deploy files use), in
-    start order: talker, decoder, speaker, the extra talker and decoder replicas, gateway last.
+    start order: the first model's talker, the decoder, its speaker; the other models' talkers
+    and speakers; the extra talker and decoder replicas; the gateway last.
 
-    Ports: talker ``base_port``, decoder ``+1``, speaker ``+2``; replica k >= 2 of the talker at
-    ``base_port + 2k - 1``, of the decoder at ``base_port + 2k``; the one gateway's HTTP API and
-    playground at ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, talker 9092,
-    decoder 9093, speaker 9094, extra replicas 9095 on in start order."""
+    Ports: consecutive from ``base_port`` in that order (one model: talker ``base_port``,
+    decoder ``+1``, speaker ``+2``, replica k >= 2 of the talker at ``base_port + 2k - 1``, of
+    the decoder at ``base_port + 2k``); the one gateway's HTTP API and playground at
+    ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, the others 9092 on in start
+    order. ``model``: one checkpoint directory, or the served models."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
+    models = [ServedModel(model)] if isinstance(model, Path) else list(model)
+    if not models:
+        raise ValueError("no model to serve")
     py = [sys.executable, "-m"]
     # No --threads: each stage gets all cores, sharing them through passive OpenMP waiting
     # (SHARED_HOST_ENV).
     dev = ["--device", device] if device else []
-    ports = {("talker", 0): base_port, ("decoder", 0): base_port + 1, ("speaker", 0): base_port + 2}
-    for k in range(1, replicas):
-        ports[("talker", k)] = base_port + 2 * k + 1
-        ports[("decoder", k)] = base_port + 2 * k + 2
-    order = [("talker", 0), ("decoder", 0), ("speaker", 0)]
-    order += [(stage, k) for k in range(1, replicas) for stage in ("talker", "decoder")]
+    named = len(models) > 1 or models[0].name is not None
     stages: list[StageProcess] = []
-    for metrics_port, (stage, k) in enumerate(order, start=9092):
-        stage_port = ports[(stage, k)]
+    for index, (kind, served, replica) in enumerate(_start_order(models, replicas)):
+        stage_port = base_port + index
+        model_name = served.served_name if named and kind != "decoder" else None
         stages.append(
             StageProcess(
-                replica_name(stage, k),
+                _process_name(kind, model_name if len(models) > 1 else None, replica),
                 stage_port,
                 py
                 + [
-                    f"{stage}_service",
+                    f"{kind}_service",
                     "--model",
-                    str(model),
+                    str(served.path),
                     "--host",
                     "127.0.0.1",
                     "--port",
                     str(stage_port),
                     *dev,
-                    *(["--metrics-port", str(metrics_port)] if metrics else []),
+                    *(["--metrics-port", str(9092 + index)] if metrics else []),
                 ],
+                model=model_name,
             )
         )
-
-    def targets(stage: str) -> str:
-        return ",".join(f"127.0.0.1:{p}" for (name, _), p in ports.items() if name == stage)
-
-    stages.append(
-        StageProcess(
+    targets = ["--models", ""] if named else ["--talker-targets", "", "--speaker-targets", ""]
+    gateway = StageProcess(
+        "gateway",
+        port,
+        py
+        + [
             "gateway",
-            port,
-            py
-            + [
-                "gateway",
-                "--host",
-                host,
-                "--port",
-                str(port),
-                "--talker-targets",
-                targets("talker"),
-                "--decoder-targets",
-                targets("decoder"),
-                "--speaker-targets",
-                targets("speaker"),
-                "--http-port",
-                str(http_port),
-                *(["--metrics-port", "9091"] if metrics else []),
-            ],
-        )
+            "--host",
+            host,
+            "--port",
+            str(port),
+            *targets,
+            "--decoder-targets",
+            "",
+            "--http-port",
+            str(http_port),
+            *(["--metrics-port", "9091"] if metrics else []),
+        ],
     )
-    return stages
+    point_gateway(gateway, stages)
+    return [*stages, gateway]
+
+
+def _start_order(models: list[ServedModel], replicas: int) -> list[tuple[str, ServedModel, int]]:
+    """(stage, model, replica index) of every stage process in start order (see
+    :func:`stage_commands`); the decoder pool loads the first model's speech tokenizer."""
+    first = models[0]
+    order = [("talker", first, 0), ("decoder", first, 0)]
+    order += [("speaker", first, 0)] if first.clones else []
+    for other in models[1:]:
+        order += [("talker", other, 0)] + ([("speaker", other, 0)] if other.clones else [])
+    for k in range(1, replicas):
+        order += [("talker", m, k) for m in models] + [("decoder", first, k)]
+    return order
+
+
+def _process_name(stage: str, model: str | None, index: int) -> str:
+    """talker, talker-2 (one model); talker-base, talker-base-2 (several)."""
+    return replica_name(stage if model is None else f"{stage}-{model}", index)
 
 
 def is_replicated(name: str) -> bool:
@@ -328,18 +444,42 @@ def stop_all(stages: list[StageProcess], grace: float = 30.0, already_signalled:
             stage.process.wait()
 
 
-def run_local_stack(args: argparse.Namespace) -> int:
-    model = args.model
-    if model is None:
-        from .dev_model import make_dev_model
+def ready_message(args: argparse.Namespace, models: list[ServedModel]) -> str:
+    """What ``qwen3-tts up`` prints once every process is serving."""
+    http = ""
+    name = models[0].served_name
+    if args.http_port:
+        http = (
+            f"  playground: http://127.0.0.1:{args.http_port}/\n"
+            f"  curl http://127.0.0.1:{args.http_port}/v1/audio/speech -H 'Content-Type: application/json' "
+            f'-d \'{{"model": "{name}", "input": "Hello world.", "voice": "alloy", '
+            f'"response_format": "wav"}}\' -o hello.wav\n'
+        )
+    served = ", ".join(f"{m.served_name} ({m.path})" for m in models)
+    replicas = args.replicas
+    return (
+        f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} "
+        + (f"(model {models[0].path})" if len(models) == 1 else f"(models {served}; default {name})")
+        + (f", HTTP API {args.host}:{args.http_port}" if args.http_port else "")
+        + "\n"
+        f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
+        f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
+        f"{http}"
+        + (
+            f"{replicas} talker and {replicas} decoder replicas: one that exits is restarted "
+            "(its streams fail over).\n"
+            if replicas > 1
+            else ""
+        )
+        + "Ctrl-C stops it."
+    )
 
-        model = args.dev_model_dir / args.dev_model_type
-        if not (model / "config.json").is_file():
-            print(f"creating the dev checkpoint ({args.dev_model_type}) in {model} ...", flush=True)
-        make_dev_model(model, args.dev_model_type, if_missing=True)
+
+def run_local_stack(args: argparse.Namespace) -> int:
+    models = served_models(args)
     replicas = args.replicas
     stages = stage_commands(
-        model.resolve(),
+        models,
         args.host,
         args.port,
         args.base_port,
@@ -361,36 +501,8 @@ def run_local_stack(args: argparse.Namespace) -> int:
     try:
         for stage in stages:
             start(stage)
-        supervisor = Supervisor(stages, stage_of, start, is_serving)
-        return supervisor.run(
-            stop, lambda: print(_banner(args, model, replicas), flush=True), start_timeout=600
-        )
+        groups = {stage.name: replica_group(stage) for stage in stages}
+        supervisor = Supervisor(stages, groups.__getitem__, start, is_serving)
+        return supervisor.run(stop, lambda: print(ready_message(args, models), flush=True), start_timeout=600)
     finally:
         stop_all(stages, already_signalled=stop.signal is signal.SIGINT)
-
-
-def _banner(args: argparse.Namespace, model: Path, replicas: int) -> str:
-    """What ``up`` prints once every process serves."""
-    http = ""
-    if args.http_port:
-        http = (
-            f"  playground: http://127.0.0.1:{args.http_port}/\n"
-            f"  curl http://127.0.0.1:{args.http_port}/v1/audio/speech -H 'Content-Type: application/json' "
-            f'-d \'{{"model": "qwen3-tts", "input": "Hello world.", "voice": "alloy", '
-            f'"response_format": "wav"}}\' -o hello.wav\n'
-        )
-    return (
-        f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} (model {model})"
-        + (f", HTTP API {args.host}:{args.http_port}" if args.http_port else "")
-        + "\n"
-        f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
-        f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
-        f"{http}"
-        + (
-            f"{replicas} talker and {replicas} decoder replicas: one that exits is restarted "
-            "(its streams fail over).\n"
-            if replicas > 1
-            else ""
-        )
-        + "Ctrl-C stops it."
-    )

@@ -117,7 +117,8 @@ def _report(message: str) -> None:
 class Supervisor:
     """Watches the started processes of a stack and applies the rule of this module.
 
-    ``stage_of`` names the stage a process runs (the gateway's is :data:`GATEWAY`); ``start``
+    ``stage_of`` names the group of replicas a process is one of (the stage, or a model's
+    talkers; the gateway's is :data:`GATEWAY`); ``start``
     (re)starts a process (sets its ``process``); ``serving`` tells whether an address reports
     SERVING; ``clock`` and ``sleep`` are injectable for tests."""
 

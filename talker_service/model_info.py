@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 
 from tts_common.codes import codes_from_proto
+from tts_common.fingerprint import reported_fingerprint
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis import SamplingParams, check_max_new_tokens, resolve_sampling, sampling_to_options
@@ -58,6 +59,7 @@ def talker_info(model: TalkerModel, config: EngineConfig) -> stages_pb2.TalkerIn
         speaker_embedding_dim=model.config.model.talker.hidden_size,
         device=config.device,
         dtype=config.dtype,
+        speech_tokenizer=reported_fingerprint(model.config.path),
     )
 
 

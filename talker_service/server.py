@@ -13,7 +13,6 @@ before ``EndText``) with FAILED_PRECONDITION.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import time
 from collections.abc import AsyncIterator
@@ -26,19 +25,13 @@ from tts_common.codes import codes_to_proto
 from tts_common.compute_thread import run_in_fresh_thread
 from tts_common.errors import FailedPreconditionError, InvalidRequestError, UnavailableError
 from tts_common.logging_setup import request_context
-from tts_common.onednn_linear import use_onednn_linears
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.precision import use_onednn_linears_for
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
-from .config import batch_buckets_for
-from .engine import DoneEvent, EngineConfig, EngineEvent, FinishReason, FrameEvent, TalkerEngine
-from .engine.kv_memory import plan_kv_cache
-from .engine.request import EngineRequest
+from .engine import EngineConfig, FinishReason, FrameEvent, RequestStream, TalkerEngine
 from .engine.text_feed import TextFeed
-from .model import unicode_boundaries
 from .model.loader import TalkerModel
 from .model_info import engine_inputs, talker_info
 
@@ -67,32 +60,16 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
 
     async def load(self) -> None:
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
-        dtype = getattr(torch, self.engine_config.dtype)
+        config = self.engine_config
 
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
-            model = TalkerModel.from_checkpoint(
-                self.model_dir, self.engine_config.device, dtype, onednn_linears=False
-            )
-            # Sized after the weights are loaded: a fractional --kv-memory is of what is left.
-            plan = plan_kv_cache(model.talker.cfg, self.engine_config, dtype)
-            logger.info("%s", plan.describe())
-            config = self.engine_config
-            packed = use_onednn_linears_for(config.linear, config.device, dtype, plan.slots)
-            if packed:
-                use_onednn_linears(model.talker)
-            logger.info(
-                "linear kernels: %s (--linear %s)", "oneDNN packed" if packed else "torch", config.linear
-            )
-            self.engine_config = dataclasses.replace(
-                self.engine_config, max_slots=plan.slots, batch_buckets=batch_buckets_for(plan.slots)
-            )
-            # Built lazily otherwise, on the engine thread at the first open text (~0.5 s stall).
-            unicode_boundaries.warm()
-            return model, TalkerEngine(model, self.engine_config)  # allocates the KV cache
+            model = TalkerModel.from_checkpoint(self.model_dir, config.device, getattr(torch, config.dtype))
+            return model, TalkerEngine(model, config)  # plans and allocates the KV cache
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
         self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
+        self.engine_config = self.engine.config  # the slots the memory budget holds
         self.tokenizer_files = stages_pb2.TokenizerFiles(files=self.model.tokenizer_files)
         self.info = talker_info(self.model, self.engine_config)
         self.engine.on_step.append(self._observe_step)
@@ -150,56 +127,45 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                 )
             inputs, sampling, max_new_tokens = engine_inputs(msg, info, model)
             feed = TextFeed() if msg.text_open else None
-            loop = asyncio.get_running_loop()
-            # Engine events and the client reader's protocol errors, in arrival order.
-            queue: asyncio.Queue[EngineEvent | Exception] = asyncio.Queue()
-
-            def sink(event: EngineEvent) -> None:
-                loop.call_soon_threadsafe(queue.put_nowait, event)
-
             # The prompt is built on the engine thread when the engine admits the request.
-            request = engine.add(request_id, inputs, sampling, max_new_tokens, sink, text=feed)
-            reader = asyncio.create_task(self._read_client(request_iterator, engine, request, feed, queue))
+            events = engine.generate(request_id, inputs, sampling, max_new_tokens, text=feed)
+            reader = asyncio.create_task(self._read_client(request_iterator, events, feed))
             pending: list[list[int]] = []
             start_frame = 0
             t0 = time.monotonic()
             try:
-                while True:
-                    event = await queue.get()
-                    if isinstance(event, Exception):
-                        raise event
+                async for event in events:
                     if isinstance(event, FrameEvent):
                         pending.append(event.codes)
                         if len(pending) >= chunk_frames:
                             yield self._chunk(start_frame, pending)
                             start_frame += len(pending)
                             pending = []
-                    elif isinstance(event, DoneEvent):
-                        if pending:
-                            yield self._chunk(start_frame, pending)
-                        if event.reason is FinishReason.ERROR and event.error is not None:
-                            raise event.error
-                        metrics.QUEUE_TIME.labels(stage="talker").observe(event.timing.queue_ms / 1000)
-                        if feed is not None:
-                            metrics.TEXT_WAIT_TIME.labels(stage="talker").observe(event.timing.text_wait)
-                            metrics.STALLED_FRAMES.labels(stage="talker").inc(event.timing.stalls)
-                        yield stages_pb2.TalkerServerMessage(
-                            done=stages_pb2.TalkerDone(
-                                frames=event.frames,
-                                finish_reason=FINISH_REASONS[event.reason],
-                                queue_ms=event.timing.queue_ms,
-                                prefill_ms=event.timing.prefill_ms,
-                                first_frame_ms=event.timing.first_frame_ms,
-                                total_ms=(time.monotonic() - t0) * 1000,
-                                prompt_tokens=event.prompt_len,
-                                text_wait_ms=event.timing.text_wait * 1000,
-                                stalled_frames=event.timing.stalls,
-                            )
+                        continue
+                    if pending:
+                        yield self._chunk(start_frame, pending)
+                    if event.reason is FinishReason.ERROR and event.error is not None:
+                        raise event.error
+                    metrics.QUEUE_TIME.labels(stage="talker").observe(event.timing.queue_ms / 1000)
+                    if feed is not None:
+                        metrics.TEXT_WAIT_TIME.labels(stage="talker").observe(event.timing.text_wait)
+                        metrics.STALLED_FRAMES.labels(stage="talker").inc(event.timing.stalls)
+                    yield stages_pb2.TalkerServerMessage(
+                        done=stages_pb2.TalkerDone(
+                            frames=event.frames,
+                            finish_reason=FINISH_REASONS[event.reason],
+                            queue_ms=event.timing.queue_ms,
+                            prefill_ms=event.timing.prefill_ms,
+                            first_frame_ms=event.timing.first_frame_ms,
+                            total_ms=(time.monotonic() - t0) * 1000,
+                            prompt_tokens=event.prompt_len,
+                            text_wait_ms=event.timing.text_wait * 1000,
+                            stalled_frames=event.timing.stalls,
                         )
-                        return
+                    )
             finally:
                 reader.cancel()
-                engine.cancel(request)  # no-op once finished; frees the slot if the call ended early
+                await events.aclose()  # no-op once finished; frees the slot if the call ended early
 
     @staticmethod
     def _chunk(start_frame: int, frames: list[list[int]]) -> stages_pb2.TalkerServerMessage:
@@ -210,19 +176,17 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
     @staticmethod
     async def _read_client(
         request_iterator: AsyncIterator[stages_pb2.TalkerClientMessage],
-        engine: TalkerEngine,
-        request: EngineRequest,
+        events: RequestStream,
         feed: TextFeed | None,
-        errors: asyncio.Queue,
     ) -> None:
         """The client's messages after the request: Cancel cancels the engine request, text
-        messages go to ``feed``; a protocol error is put on ``errors`` (the call fails with it)
-        and cancels the request."""
+        messages go to ``feed``; a protocol error fails ``events`` (the call fails with it, after
+        the frames already produced)."""
         try:
             async for message in request_iterator:
                 kind = message.WhichOneof("message")
                 if kind == "cancel":
-                    engine.cancel(request)
+                    events.cancel()
                     return
                 if kind == "request":
                     raise FailedPreconditionError("a second TalkerRequest on one Generate call")
@@ -235,15 +199,14 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
                     else:
                         feed.end()
             # Half-close: fine once the text is complete (or was never open).
-            if feed is not None and not feed.ended and not request.finished:
+            if feed is not None and not feed.ended and not events.request.finished:
                 raise FailedPreconditionError(
                     "the client closed its side before EndText (the text never ended)"
                 )
         except (asyncio.CancelledError, grpc.aio.AioRpcError):
             return
         except FailedPreconditionError as exc:
-            engine.cancel(request)
-            errors.put_nowait(exc)
+            events.fail(exc)
 
     @handle_rpc_errors(stage="talker")
     async def GetStats(

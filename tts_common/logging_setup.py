@@ -10,6 +10,9 @@ it around, and never leaks into concurrent requests::
 
 Work handed to threads keeps the id when started with ``asyncio.to_thread`` or
 ``contextvars.copy_context().run`` (plain ``threading.Thread`` does not copy the context).
+
+A gateway serving several models also tags a request's records with its model
+(:func:`model_context`): ``[req=abc123 model=base]``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from collections.abc import Iterator
 from typing import TextIO
 
 REQUEST_ID: contextvars.ContextVar[str | None] = contextvars.ContextVar("qwen3tts_request_id", default=None)
+MODEL: contextvars.ContextVar[str | None] = contextvars.ContextVar("qwen3tts_model", default=None)
 
 LOG_FORMAT = "%(asctime)s.%(msecs)03d %(levelname)-5s %(stage)s%(name)s%(request_tag)s %(message)s"
 DATE_FORMAT = "%Y-%m-%d %H:%M:%S"
@@ -33,24 +37,33 @@ def current_request_id() -> str | None:
 
 
 @contextlib.contextmanager
-def request_context(request_id: str | None) -> Iterator[None]:
-    """Tag log records emitted inside the block with ``request_id`` (restored afterwards)."""
-    token = REQUEST_ID.set(request_id or None)
+def _tagged(var: contextvars.ContextVar[str | None], value: str | None) -> Iterator[None]:
+    token = var.set(value or None)
     try:
         yield
     finally:
         try:
-            REQUEST_ID.reset(token)
+            var.reset(token)
         except ValueError:
             # An async generator holding this block was finalised from another task (grpc closes
             # abandoned response streams that way): that task's context was never changed.
             pass
 
 
+def request_context(request_id: str | None) -> contextlib.AbstractContextManager[None]:
+    """Tag log records emitted inside the block with ``request_id`` (restored afterwards)."""
+    return _tagged(REQUEST_ID, request_id)
+
+
+def model_context(model: str | None) -> contextlib.AbstractContextManager[None]:
+    """Tag log records emitted inside the block with the served ``model`` (restored afterwards)."""
+    return _tagged(MODEL, model)
+
+
 class RequestContextFilter(logging.Filter):
-    """Adds ``request_id`` ("-" if none), ``request_tag`` (" [req=ID]" or "") and ``stage``
-    ("NAME " or "") attributes to each record; installed on handlers, so it sees records of
-    every logger."""
+    """Adds ``request_id`` ("-" if none), ``request_tag`` (" [req=ID]", " [req=ID model=NAME]"
+    or "") and ``stage`` ("NAME " or "") attributes to each record; installed on handlers, so it
+    sees records of every logger."""
 
     def __init__(self, stage: str | None = None) -> None:
         super().__init__()
@@ -58,8 +71,11 @@ class RequestContextFilter(logging.Filter):
 
     def filter(self, record: logging.LogRecord) -> bool:
         request_id = REQUEST_ID.get()
+        model = MODEL.get()
         record.request_id = request_id or "-"
-        record.request_tag = f" [req={request_id}]" if request_id else ""
+        tags = [f"req={request_id}" if request_id else "", f"model={model}" if model else ""]
+        tag = " ".join(t for t in tags if t)
+        record.request_tag = f" [{tag}]" if tag else ""
         record.stage = self._stage
         return True
 
@@ -90,9 +106,11 @@ def setup_logging(
 __all__ = [
     "DATE_FORMAT",
     "LOG_FORMAT",
+    "MODEL",
     "REQUEST_ID",
     "RequestContextFilter",
     "current_request_id",
+    "model_context",
     "request_context",
     "setup_logging",
 ]

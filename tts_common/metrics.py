@@ -2,7 +2,9 @@
 
 All names start with ``qwen3tts_`` and carry a ``stage`` label (``gateway``, ``talker``,
 ``decoder``, ``speaker``), so the four processes can be scraped into one dashboard and compared
-stage by stage. Metrics live in prometheus_client's default registry; each process serves them
+stage by stage. A gateway serving several models also counts its streams per model
+(``qwen3tts_model_*``, with a ``model`` label: the served name); a stage process serves one model,
+which its scrape target already says. Metrics live in prometheus_client's default registry; each process serves them
 over HTTP with :func:`start_metrics_server` (``ServerConfig.metrics_port``; 0 disables it).
 
 Usage::
@@ -183,6 +185,29 @@ FAILOVER_SECONDS = Histogram(
     buckets=_LATENCY_BUCKETS,
 )
 
+MODEL_STREAMS = Counter(
+    PREFIX + "model_streams_total",
+    "Gateway: finished synthesis streams (Synthesize, StreamingSynthesize) per served model, by "
+    "final gRPC status name.",
+    ["stage", "model", "status"],
+)
+MODEL_RUNNING_STREAMS = Gauge(
+    PREFIX + "model_running_streams",
+    "Gateway: synthesis streams running now per served model.",
+    ["stage", "model"],
+)
+MODEL_TIME_TO_FIRST_AUDIO = Histogram(
+    PREFIX + "model_time_to_first_audio_seconds",
+    "Gateway: from request receipt to the first audio chunk sent, per served model.",
+    ["stage", "model"],
+    buckets=_LATENCY_BUCKETS,
+)
+MODEL_AUDIO_SECONDS = Counter(
+    PREFIX + "model_audio_seconds",
+    "Gateway: seconds of audio sent per served model.",
+    ["stage", "model"],
+)
+
 _ALL = (
     REQUESTS,
     TIME_TO_FIRST_AUDIO,
@@ -205,6 +230,10 @@ _ALL = (
     READY,
     FAILOVERS,
     FAILOVER_SECONDS,
+    MODEL_STREAMS,
+    MODEL_RUNNING_STREAMS,
+    MODEL_TIME_TO_FIRST_AUDIO,
+    MODEL_AUDIO_SECONDS,
 )
 
 
@@ -235,6 +264,12 @@ def init_stage(stage: str) -> None:
         READY,
     ):
         metric.labels(stage=stage)
+
+
+def init_model(model: str, stage: str = STAGE_GATEWAY) -> None:
+    """Create the per-model series of a served ``model`` at zero (a gateway, at startup)."""
+    for metric in (MODEL_RUNNING_STREAMS, MODEL_TIME_TO_FIRST_AUDIO, MODEL_AUDIO_SECONDS):
+        metric.labels(stage=stage, model=model)
 
 
 @dataclass
@@ -277,6 +312,10 @@ __all__ = [
     "GENERATED_FRAMES",
     "INTER_CHUNK_LATENCY",
     "METRIC_NAMES",
+    "MODEL_AUDIO_SECONDS",
+    "MODEL_RUNNING_STREAMS",
+    "MODEL_STREAMS",
+    "MODEL_TIME_TO_FIRST_AUDIO",
     "MetricsServer",
     "PREFIX",
     "QUEUE_TIME",
@@ -294,6 +333,7 @@ __all__ = [
     "TIME_TO_FIRST_AUDIO",
     "UTTERANCES",
     "WAITING_REQUESTS",
+    "init_model",
     "init_stage",
     "start_metrics_server",
 ]

@@ -12,10 +12,12 @@ import math
 import torch
 from torch import Tensor, nn
 
+from tts_common.layers import RMSNorm
+
 from .convolutions import ConvNeXtBlock, ResidualUnit, SnakeBeta
 from .decoder import CodecDecoder
 from .quantizer import EuclideanCodebook
-from .transformer import LayerScale, RMSNorm
+from .transformer import LayerScale
 
 
 def init_random_weights(decoder: CodecDecoder, seed: int = 0, scale: float = 1.0) -> CodecDecoder:

@@ -6,36 +6,14 @@ keys/values per layer and their absolute positions (streaming protocol: see ``pr
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
 from tts_common.config import CodecDecoderConfig
+from tts_common.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 
 from .primitives import State, Stateful, gather_time
-
-_ACTIVATIONS: dict[str, Callable[[Tensor], Tensor]] = {
-    "silu": F.silu,
-    "gelu": F.gelu,
-    "gelu_pytorch_tanh": lambda x: F.gelu(x, approximate="tanh"),
-    "relu": F.relu,
-}
-
-
-class RMSNorm(nn.Module):
-    """fp32 RMSNorm: cast, ``x * rsqrt(mean(x^2) + eps)``, cast back, ``weight * normalized``."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: Tensor) -> Tensor:
-        h = x.to(torch.float32)
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * h.to(x.dtype)
 
 
 class LayerScale(nn.Module):
@@ -45,28 +23,6 @@ class LayerScale(nn.Module):
 
     def forward(self, x: Tensor) -> Tensor:
         return self.scale * x
-
-
-class DecoderMLP(nn.Module):
-    def __init__(self, hidden: int, intermediate: int, act: str) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-        self.act = _ACTIVATIONS[act]
-
-    def forward(self, x: Tensor) -> Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
-
-
-def _rotate_half(x: Tensor) -> Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat([-x[..., half:], x[..., :half]], dim=-1)
-
-
-def _apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
-    """x [B, H, T, D]; cos/sin [B, T, D]."""
-    return x * cos[:, None] + _rotate_half(x) * sin[:, None]
 
 
 class DecoderAttention(Stateful):
@@ -95,7 +51,7 @@ class DecoderAttention(Stateful):
         q = self.q_proj(x).view(b, t, self.num_heads, self.head_dim).transpose(1, 2)
         k = self.k_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
         v = self.v_proj(x).view(b, t, self.num_kv_heads, self.head_dim).transpose(1, 2)
-        return _apply_rope(q, cos, sin), _apply_rope(k, cos, sin), v
+        return apply_rope(q, cos, sin), apply_rope(k, cos, sin), v
 
     def _attend(self, q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
         if self.num_kv_heads != self.num_heads:
@@ -136,7 +92,7 @@ class DecoderTransformerLayer(nn.Module):
         self.self_attn = DecoderAttention(config)
         self.self_attn_layer_scale = LayerScale(h, config.layer_scale_initial_scale)
         self.post_attention_layernorm = RMSNorm(h, config.rms_norm_eps)
-        self.mlp = DecoderMLP(h, config.intermediate_size, config.hidden_act)
+        self.mlp = GatedMLP(h, config.intermediate_size, config.hidden_act)
         self.mlp_layer_scale = LayerScale(h, config.layer_scale_initial_scale)
 
     def _mlp(self, x: Tensor) -> Tensor:
@@ -177,26 +133,10 @@ class DecoderTransformer(Stateful):
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.output_proj = nn.Linear(config.hidden_size, config.latent_dim)
-        self.head_dim = config.head_dim
-        self.rope_theta = config.rope_theta
-        # not a buffer: `.to(bfloat16)` must not round the fp32 RoPE frequencies
-        self._inv_freq: dict[torch.device, Tensor] = {}
+        self.rotary_emb = RotaryEmbedding(config.head_dim, config.rope_theta)
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         return {f"{self.state_key}.positions": ((self.window,), torch.int64)}
-
-    def _rope(self, positions: Tensor, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
-        """cos/sin [B, T, head_dim] for absolute positions [B, T]; fp32 tables cast to ``dtype``."""
-        inv_freq = self._inv_freq.get(positions.device)
-        if inv_freq is None:
-            dim = self.head_dim
-            exponents = (
-                torch.arange(0, dim, 2, dtype=torch.int64, device=positions.device).to(torch.float32) / dim
-            )
-            inv_freq = self._inv_freq[positions.device] = 1.0 / (self.rope_theta**exponents)
-        freqs = positions.to(torch.float32)[..., None] * inv_freq
-        emb = torch.cat([freqs, freqs], dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
 
     def _mask(self, q_pos: Tensor, k_pos: Tensor) -> Tensor:
         """[B, 1, Tq, Tk]: key j visible to query i iff i - window < j <= i (and the slot is filled)."""
@@ -208,7 +148,7 @@ class DecoderTransformer(Stateful):
         """x [B, T, latent] -> [B, T, latent] (positions 0..T-1)."""
         b, t, _ = x.shape
         pos = torch.arange(t, device=x.device)[None].expand(b, t)
-        cos, sin = self._rope(pos, x.dtype)
+        cos, sin = self.rotary_emb(pos, x.dtype)
         mask = self._mask(pos, pos)
         h = self.input_proj(x)
         for layer in self.layers:
@@ -224,7 +164,7 @@ class DecoderTransformer(Stateful):
         key = f"{self.state_key}.positions"
         k_pos = torch.cat([state[key], q_pos], dim=1)
         new_state[key] = gather_time(k_pos, lengths, self.window, dim=1)
-        cos, sin = self._rope(q_pos, x.dtype)
+        cos, sin = self.rotary_emb(q_pos, x.dtype)
         mask = self._mask(q_pos, k_pos)
         h = self.input_proj(x)
         for layer in self.layers:

@@ -10,9 +10,9 @@ from .base import AudioEncoder
 from .ffmpeg import AacEncoder, Mp3Encoder, OggOpusEncoder
 from .formats import NATIVE_SAMPLE_RATE, check_output_format, check_speed
 from .pcm import Float32Encoder, G711Encoder, Pcm16Encoder, WavEncoder
-from .resample import StreamResampler
+from .resample import StreamResampler, resampled_length
 from .sndfile import SOUNDFILE_FORMATS, SoundFileEncoder
-from .tempo import StreamTempo
+from .tempo import StreamTempo, time_scaled_length
 
 
 def create_encoder(encoding: int, sample_rate: int) -> AudioEncoder:
@@ -44,6 +44,8 @@ class AudioOutput:
 
     Time-scaling runs at the input rate, before resampling, so the resampler's exact-length
     guarantee holds for the output rate. ``speed`` 1.0 skips the stage entirely (bit-identical).
+    Both stages have exact lengths, so the whole output of ``n`` input samples is
+    :meth:`output_length` ``(n)`` samples, and never more before the end.
     """
 
     def __init__(
@@ -56,12 +58,24 @@ class AudioOutput:
         check_speed(speed)
         self.encoding = encoding
         self.sample_rate = sample_rate
+        self.input_sample_rate = input_sample_rate
         self.speed = speed
         self.encoder = create_encoder(encoding, sample_rate)
         self.tempo = StreamTempo(speed, input_sample_rate) if speed != 1.0 else None
         self.resampler = (
             StreamResampler(input_sample_rate, sample_rate) if sample_rate != input_sample_rate else None
         )
+
+    def output_length(self, input_samples: int) -> int:
+        """The output samples ``input_samples`` input samples become (time-scaled, then
+        resampled): where input sample ``n`` lands in the output, and the whole output's length
+        once :meth:`finish` has run."""
+        n = input_samples
+        if self.tempo is not None:
+            n = time_scaled_length(n, self.speed)
+        if self.resampler is not None:
+            n = resampled_length(n, self.input_sample_rate, self.sample_rate)
+        return n
 
     @property
     def blocking(self) -> bool:

@@ -4,8 +4,9 @@
 produced is returned right away, and :meth:`StreamTempo.flush` drains the rest. One ``atempo``
 stage is used for factors in [0.5, 2.0]; outside, equal stages are chained (two for the
 [0.25, 4.0] range) because a single stage below 0.5 is refused and above 2.0 skips input instead
-of overlapping it. The total output length is fixed to ``round(n_in / speed)`` at the end
-(``atempo`` alone ends up to a window short or long).
+of overlapping it. The total output length is exactly :func:`time_scaled_length` of the input
+(``atempo`` alone ends up to a window short or long): output ahead of it is held back, and the
+end is trimmed or padded.
 """
 
 from __future__ import annotations
@@ -20,6 +21,12 @@ from av.filter import Graph
 from .formats import check_speed
 
 _STAGE_MIN, _STAGE_MAX = 0.5, 2.0
+
+
+def time_scaled_length(samples: int, speed: float) -> int:
+    """How many output samples ``samples`` input samples become at ``speed``:
+    ``round(samples / speed)``."""
+    return round(samples / speed)
 
 
 def atempo_stages(speed: float) -> list[float]:
@@ -48,18 +55,19 @@ class StreamTempo:
         self._graph.configure()
         self._n_in = 0
         self._n_out = 0
+        self._held = np.zeros(0, dtype=np.float32)
 
     def _drain(self) -> np.ndarray:
-        parts = []
+        """What the filter has produced (after what was held back), not yet counted."""
+        parts = [self._held]
         while True:
             try:
                 frame = self._graph.pull()
             except (av.BlockingIOError, av.EOFError):
                 break
             parts.append(frame.to_ndarray().reshape(-1))
-        y = np.concatenate(parts).astype(np.float32, copy=False) if parts else np.zeros(0, np.float32)
-        self._n_out += y.size
-        return y
+        self._held = np.zeros(0, dtype=np.float32)
+        return np.concatenate(parts).astype(np.float32, copy=False)
 
     def process(self, samples: np.ndarray) -> np.ndarray:
         """The time-scaled samples available after ``samples`` (possibly fewer or none yet)."""
@@ -70,15 +78,19 @@ class StreamTempo:
             frame.pts = self._n_in
             self._n_in += x.shape[1]
             self._graph.push(frame)
-        return self._drain()
+        y = self._drain()
+        # Never ahead of the input's length (the total is fixed at flush).
+        room = max(time_scaled_length(self._n_in, self.speed) - self._n_out, 0)
+        y, self._held = y[:room], y[room:]
+        self._n_out += y.size
+        return y
 
     def flush(self) -> np.ndarray:
         """The remaining output (call once, at the end), trimmed or zero-padded so the whole
-        output has ``round(n_in / speed)`` samples (unless more was already returned)."""
+        output has exactly ``time_scaled_length(n_in, speed)`` samples."""
         self._graph.push(None)
         tail = self._drain()
-        self._n_out -= tail.size
-        want = max(round(self._n_in / self.speed) - self._n_out, 0)
+        want = max(time_scaled_length(self._n_in, self.speed) - self._n_out, 0)
         if tail.size > want:
             tail = tail[:want]
         elif tail.size < want:

@@ -14,7 +14,7 @@
 """
 
 from .config import EngineConfig
-from .engine import EngineStats, Generation, TalkerEngine
+from .engine import EngineStats, Generation, RequestStream, TalkerEngine
 from .request import DoneEvent, EngineEvent, FinishReason, FrameEvent
 from .text_feed import TextFeed
 
@@ -26,6 +26,7 @@ __all__ = [
     "FinishReason",
     "FrameEvent",
     "Generation",
+    "RequestStream",
     "TalkerEngine",
     "TextFeed",
 ]

@@ -21,9 +21,10 @@ class EngineConfig:
     """Talker KV positions per slot: prompt length plus frame budget must fit."""
     max_waiting: int = 64
     """Requests allowed to wait for a slot; more are refused (RESOURCE_EXHAUSTED)."""
-    batch_buckets: tuple[int, ...] = field(default=(1, 2, 4, 8, 16), metadata=NOT_A_FLAG)
+    batch_buckets: tuple[int, ...] | None = field(default=None, metadata=NOT_A_FLAG)
     """Batch sizes a decode step is padded to on CUDA (one captured graph each, all captured at
-    startup; ``max_slots`` is always one, larger ones are dropped: see :attr:`graph_buckets`)."""
+    startup; ``max_slots`` is always one, larger ones are dropped: see :attr:`graph_buckets`).
+    None: every power of two below ``max_slots``."""
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
@@ -58,9 +59,13 @@ class EngineConfig:
 
     @property
     def graph_buckets(self) -> tuple[int, ...]:
-        """The batch buckets captured as graphs: the configured ones below ``max_slots``, and
-        ``max_slots`` (a bucket-B step runs over slots 0..B-1, so none may exceed the slots)."""
-        return tuple(sorted({b for b in self.batch_buckets if 0 < b < self.max_slots} | {self.max_slots}))
+        """The batch buckets captured as graphs: the configured ones (by default the powers of
+        two) below ``max_slots``, and ``max_slots`` (a bucket-B step runs over slots 0..B-1, so
+        none may exceed the slots)."""
+        configured = self.batch_buckets
+        if configured is None:
+            configured = tuple(2**i for i in range(self.max_slots.bit_length()))
+        return tuple(sorted({b for b in configured if 0 < b < self.max_slots} | {self.max_slots}))
 
     def bucket_for(self, batch: int) -> int:
         """Smallest graph bucket that holds ``batch`` rows (``batch`` <= ``max_slots``)."""

@@ -23,10 +23,11 @@ whose trailing rows are used up while its text is open is left out of the step (
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,11 +35,15 @@ import torch
 
 from tts_common.compute_thread import adopt_torch_threads
 from tts_common.errors import CapacityError, UnavailableError
+from tts_common.onednn_linear import use_onednn_linears
+from tts_common.precision import use_onednn_linears_for
 from tts_common.synthesis import SamplingParams, frame_budget
 
+from ..model import unicode_boundaries
 from ..model.loader import TalkerModel
 from ..model.prompt import PromptInputs, TalkerPrompt, append_text, end_text, tokens_to_start
 from .config import EngineConfig
+from .kv_memory import plan_kv_cache
 from .request import DoneEvent, EngineEvent, EngineRequest, EventSink, FinishReason, FrameEvent
 from .runner import TalkerRunner
 from .scheduler import Scheduler
@@ -67,12 +72,69 @@ class Generation:
     finish_reason: FinishReason
 
 
+class RequestStream:
+    """One request's events for an asyncio caller (:meth:`TalkerEngine.generate`):
+    ``async for event in stream`` yields its FrameEvents then one DoneEvent.
+
+    :meth:`cancel` asks the engine to drop the request (its DoneEvent still comes); :meth:`fail`
+    cancels it and makes the iteration raise an error of the caller's (a protocol error of the
+    client, in arrival order with the frames); :meth:`aclose` cancels it and ends the iteration.
+    """
+
+    def __init__(self, engine: TalkerEngine, request: EngineRequest, queue: asyncio.Queue) -> None:
+        self._engine = engine
+        self.request = request
+        self._queue: asyncio.Queue[EngineEvent | BaseException] = queue
+        self._ended = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> EngineEvent:
+        if self._ended:
+            raise StopAsyncIteration
+        event = await self._queue.get()
+        if isinstance(event, BaseException):
+            self._ended = True
+            raise event
+        if isinstance(event, DoneEvent):
+            self._ended = True
+        return event
+
+    def cancel(self) -> None:
+        """Ask the engine to drop the request (no-op once finished)."""
+        self._engine.cancel(self.request)
+
+    def fail(self, error: BaseException) -> None:
+        """Cancel the request; the iteration raises ``error`` after the events already queued."""
+        self.cancel()
+        self._queue.put_nowait(error)
+
+    async def aclose(self) -> None:
+        """Cancel the request and end the iteration (its slot is freed at the next step)."""
+        self._ended = True
+        self.cancel()
+
+    async def __aenter__(self) -> RequestStream:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()
+
+
 class TalkerEngine:
-    """Continuous batching over static KV slots (see the module docstring)."""
+    """Continuous batching over static KV slots (see the module docstring).
+
+    The engine sets itself up for the model it runs: it sizes its KV cache from
+    ``config.kv_memory`` (measured once the weights are loaded; ``config.max_slots`` becomes the
+    slots that fit), chooses the linear kernels for that many slots (``config.linear``), and
+    allocates the cache (and captures its graphs). :attr:`config` is the resulting
+    configuration.
+    """
 
     def __init__(self, model: TalkerModel, config: EngineConfig) -> None:
         self.model = model
-        self.config = config
+        self.config = config = _set_up(model, config)
         self.runner = TalkerRunner(model.talker, config)
         self.scheduler = Scheduler(config, on_move=self.runner.move_slot)
         self._lock = threading.Lock()
@@ -167,33 +229,30 @@ class TalkerEngine:
             self._poked = True
             self._wakeup.notify_all()
 
-    async def generate(
+    def generate(
         self,
         request_id: str,
         source: PromptInputs | TalkerPrompt,
         sampling: SamplingParams,
         max_new_tokens: int | None = None,
-    ) -> AsyncIterator[EngineEvent]:
-        """:meth:`add` and yield its :class:`FrameEvent`s then one :class:`DoneEvent`.
+        *,
+        text: TextFeed | None = None,
+    ) -> RequestStream:
+        """:meth:`add` a request (``text``: an open text, as there) and return its events as a
+        :class:`RequestStream`; call inside the running event loop.
 
-        Closing the iterator early (client gone, task cancelled) cancels the request; its slot is
+        Closing the stream early (client gone, task cancelled) cancels the request; its slot is
         freed at the next step.
         """
         loop = asyncio.get_running_loop()
-        queue: asyncio.Queue[EngineEvent] = asyncio.Queue()
+        queue: asyncio.Queue[EngineEvent | BaseException] = asyncio.Queue()
 
         def sink(event: EngineEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, event)
 
-        request = self.add(request_id, source, sampling, max_new_tokens, sink)
-        try:
-            while True:
-                event = await queue.get()
-                yield event
-                if isinstance(event, DoneEvent):
-                    return
-        finally:
-            self.cancel(request)
+        return RequestStream(
+            self, self.add(request_id, source, sampling, max_new_tokens, sink, text=text), queue
+        )
 
     def generate_all(
         self, requests: Sequence[tuple[PromptInputs | TalkerPrompt, SamplingParams, int | None]]
@@ -412,3 +471,18 @@ class TalkerEngine:
             request.sink(FrameEvent(index=request.frames_emitted, codes=codes))
         for request, reason in self.scheduler.update(batch, eos):
             request.finish(reason)
+
+
+def _set_up(model: TalkerModel, config: EngineConfig) -> EngineConfig:
+    """The engine's set-up before it allocates anything: the KV slots ``config.kv_memory`` holds
+    (at most ``config.max_slots``), the linear kernels for that many slots, and the Unicode tables
+    of open texts. Returns ``config`` with ``max_slots`` set to the planned slots."""
+    plan = plan_kv_cache(model.talker.cfg, config, model.dtype)
+    logger.info("%s", plan.describe())
+    packed = use_onednn_linears_for(config.linear, model.device, model.dtype, plan.slots)
+    if packed:
+        use_onednn_linears(model.talker)
+    logger.info("linear kernels: %s (--linear %s)", "oneDNN packed" if packed else "torch", config.linear)
+    # Built lazily otherwise, on the engine thread at the first open text (~0.5 s stall).
+    unicode_boundaries.warm()
+    return dataclasses.replace(config, max_slots=plan.slots)

@@ -1,8 +1,8 @@
-"""Qwen3-style transformer building blocks shared by the talker and the code predictor.
+"""Qwen3-style attention and decoder layers shared by the talker and the code predictor.
 
-Numerics follow docs/ARCHITECTURE.md §5/§8 (and docs/CONVENTIONS.md): fp32 RMSNorm cast back
-before the weight multiply, RoPE angles computed in fp32 (rotate-half convention) and cast to the
-activation dtype, per-head q/k RMSNorm before RoPE, SDPA attention with scale head_dim^-0.5.
+Numerics follow docs/ARCHITECTURE.md §5/§8 (and docs/CONVENTIONS.md): the fp32 RMSNorm, fp32 RoPE
+and gated MLP of :mod:`tts_common.layers` (shared with the decoder), per-head q/k RMSNorm before
+RoPE, SDPA attention with scale head_dim^-0.5.
 The talker's interleaved multimodal RoPE receives identical positions on its three streams for
 TTS, which makes it exactly plain 1-D RoPE, so one implementation serves both modules.
 
@@ -20,65 +20,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tts_common.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
+
 from .decode_attention import InPlaceAttention
-
-
-class RMSNorm(nn.Module):
-    """``weight * (x.float() * rsqrt(mean(x²) + eps)).to(dtype)``."""
-
-    def __init__(self, dim: int, eps: float) -> None:
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(dim))
-        self.eps = eps
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        h = x.to(torch.float32)
-        var = h.pow(2).mean(-1, keepdim=True)
-        h = h * torch.rsqrt(var + self.eps)
-        return self.weight * h.to(dtype)
-
-
-class RotaryEmbedding(nn.Module):
-    """cos/sin tables for integer positions, computed in fp32 then cast to the activation dtype.
-
-    ``inv_freq`` is deliberately not a buffer: it must stay fp32 when the module is cast to
-    bfloat16, must not appear in the state dict, and must survive meta-device construction.
-    """
-
-    def __init__(self, head_dim: int, theta: float) -> None:
-        super().__init__()
-        self.head_dim = head_dim
-        self.theta = theta
-        self._inv_freq: dict[torch.device, torch.Tensor] = {}
-
-    def inv_freq(self, device: torch.device) -> torch.Tensor:
-        """fp32 [head_dim/2] inverse frequencies (same expression as the reference)."""
-        cached = self._inv_freq.get(device)
-        if cached is None:
-            exponent = torch.arange(0, self.head_dim, 2, dtype=torch.int64).to(torch.float32) / self.head_dim
-            cached = (1.0 / (self.theta**exponent)).to(device)
-            self._inv_freq[device] = cached
-        return cached
-
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-        """positions [B, S] int -> (cos, sin) each [B, S, head_dim] in ``dtype``."""
-        # Outer product in fp32 (a K=1 matmul in the reference: one rounding per element).
-        freqs = positions.to(torch.float32)[..., None] * self.inv_freq(positions.device)
-        emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """x [B, heads, S, hd]; cos/sin [B, S, hd]."""
-    cos = cos.unsqueeze(1)
-    sin = sin.unsqueeze(1)
-    return (x * cos) + (_rotate_half(x) * sin)
 
 
 @dataclass
@@ -183,19 +127,6 @@ class Attention(nn.Module):
         return self.o_proj(out)
 
 
-class MLP(nn.Module):
-    """SiLU-gated MLP: ``down(silu(gate(x)) * up(x))``."""
-
-    def __init__(self, hidden: int, intermediate: int) -> None:
-        super().__init__()
-        self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.up_proj = nn.Linear(hidden, intermediate, bias=False)
-        self.down_proj = nn.Linear(intermediate, hidden, bias=False)
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
-
-
 class DecoderLayer(nn.Module):
     """Pre-norm block: ``x += attn(norm(x)); x += mlp(norm(x))``."""
 
@@ -211,7 +142,7 @@ class DecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = Attention(hidden, heads, kv_heads, head_dim, eps, attention_bias)
-        self.mlp = MLP(hidden, intermediate)
+        self.mlp = GatedMLP(hidden, intermediate)
         self.input_layernorm = RMSNorm(hidden, eps)
         self.post_attention_layernorm = RMSNorm(hidden, eps)
 

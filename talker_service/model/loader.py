@@ -8,7 +8,6 @@ from pathlib import Path
 import torch
 
 from tts_common.config import CheckpointConfig, load_checkpoint_config
-from tts_common.onednn_linear import use_onednn_linears
 from tts_common.text.tokenizer import TextTokenizer, read_tokenizer_files
 from tts_common.weights import load_module_weights
 
@@ -34,12 +33,11 @@ class TalkerModel:
         path: str | Path,
         device: str | torch.device = "cpu",
         dtype: torch.dtype = torch.float32,
-        onednn_linears: bool = True,
     ) -> TalkerModel:
         """Load ``path`` strictly (float32 default like the official loader; bfloat16 selectable).
 
-        ``onednn_linears``: on CPU in float32, run the linear layers with pre-packed oneDNN
-        weights (:mod:`tts_common.onednn_linear`; ~2x faster per step, batch-invariant).
+        The linear layers are torch's: the engine that runs the model chooses its kernels for
+        the batches it will run (:class:`~talker_service.engine.TalkerEngine`).
         """
         if dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ValueError(f"unsupported dtype {dtype}")
@@ -52,8 +50,6 @@ class TalkerModel:
         talker = talker.to_empty(device=device).to(dtype)
         load_module_weights(talker, cfg.weights_path, "talker.", dtype=dtype)
         talker.eval().requires_grad_(False)
-        if onednn_linears:
-            use_onednn_linears(talker)
         return cls(
             config=cfg,
             tokenizer=tokenizer,

@@ -33,6 +33,8 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 T = TypeVar("T")
+FAKE_CODEC = "f" * 64
+"""The speech tokenizer fingerprint the fake talkers and decoders report (they all match)."""
 SAMPLES_PER_FRAME = 1920
 NUM_CODEBOOKS = 16
 EMBEDDING_DIM = 8
@@ -111,6 +113,7 @@ def model_info(model_type: str) -> stages_pb2.TalkerInfo:
         speaker_embedding_dim=EMBEDDING_DIM if model_type == "base" else 0,
         device="cpu",
         dtype="float32",
+        speech_tokenizer=FAKE_CODEC,
     )
 
 
@@ -286,7 +289,9 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
 class FakeDecoder(stages_pb2_grpc.DecoderServicer):
     """Frame f -> :func:`frame_audio`; chunks of first_chunk_frames, doubling up to max."""
 
-    def __init__(self) -> None:
+    def __init__(self, speech_tokenizer: str = FAKE_CODEC) -> None:
+        self.speech_tokenizer = speech_tokenizer
+        """The fingerprint GetModelInfo reports."""
         self.starts: list[stages_pb2.DecodeStart] = []
         self.cancelled_calls = 0
         """Calls that ended without DecodeEnd (cancelled by the client or failed)."""
@@ -297,6 +302,11 @@ class FakeDecoder(stages_pb2_grpc.DecoderServicer):
         """Output digital silence for every generated frame from this one on."""
         self.first_pcm_at: list[float] = []
         """loop.time() of each Decode call's first PCM chunk (in the order they were sent)."""
+
+    async def GetModelInfo(
+        self, request: stages_pb2.GetModelInfoRequest, context: grpc.aio.ServicerContext
+    ) -> stages_pb2.DecoderInfo:
+        return stages_pb2.DecoderInfo(speech_tokenizer=self.speech_tokenizer, sample_rate=24000)
 
     async def Decode(
         self,
@@ -412,7 +422,12 @@ async def start_fake(add: Any, servicer: Any, port: int = 0) -> tuple[grpc.aio.S
 
 
 class Harness:
-    """Fake stages + the real gateway (servicer, interceptors) on loopback, plus a client."""
+    """Fake stages + the real gateway (servicer, interceptors) on loopback, plus a client.
+
+    One model by default (``model_type``: its fake talker is :attr:`talker`, its speaker
+    :attr:`speaker`); with ``models`` (name -> model type) one fake talker each
+    (:attr:`talkers`), a fake speaker each for the base ones (:attr:`speakers`), all behind the
+    one fake decoder, served by name (the first is the default)."""
 
     def __init__(
         self,
@@ -425,6 +440,7 @@ class Harness:
         client_credentials: grpc.ChannelCredentials | None = None,
         http: bool = False,
         tokenizer_dir: Path | None = None,
+        models: dict[str, str] | None = None,
         **config: Any,
     ) -> None:
         """``http``: also serve the HTTP API (``http_url``) on a free loopback port."""
@@ -437,51 +453,70 @@ class Harness:
         self.model_type = model_type
         self.with_speaker = speaker
         self.talker_target = talker_target
+        self.model_types = models or {}
+        self.talkers = {
+            name: FakeTalker(kind, frames, delay, tokenizer_dir) for name, kind in self.model_types.items()
+        }
+        self.speakers = {name: FakeSpeaker() for name, kind in self.model_types.items() if kind == "base"}
         self.talker = FakeTalker(model_type, frames, delay, tokenizer_dir)
         self.decoder = FakeDecoder()
         self.speaker = FakeSpeaker()
         self.config_overrides = config
         self.fake_servers: list[grpc.aio.Server] = []
 
+    async def _serve(self, add: Any, fake: Any) -> str:
+        server, port = await start_fake(add, fake)
+        self.fake_servers.append(server)
+        return f"127.0.0.1:{port}"
+
     async def __aenter__(self) -> Harness:
-        from gateway.config import GatewayConfig
-        from gateway.server import GatewayServicer, build_gateway_server
-        from gateway.service import SynthesisService
+        from gateway.config import GatewayConfig, ModelRoute
+        from gateway.core import Gateway
+        from gateway.transports.grpc_api import GatewayServicer, build_gateway_server
         from tts_common.serving.config import ServerConfig
         from tts_common.serving.server import bound_port
 
-        targets = {}
-        for name, add, fake in (
-            ("talker", stages_pb2_grpc.add_TalkerServicer_to_server, self.talker),
-            ("decoder", stages_pb2_grpc.add_DecoderServicer_to_server, self.decoder),
-            ("speaker", stages_pb2_grpc.add_SpeakerServicer_to_server, self.speaker),
-        ):
-            if name == "talker" and self.talker_target is not None:
-                targets[name] = self.talker_target
-                continue
-            server, port = await start_fake(add, fake)
-            self.fake_servers.append(server)
-            setattr(self, f"{name}_server", server)
-            targets[name] = f"127.0.0.1:{port}"
-        self.config = GatewayConfig(
-            talker_targets=(targets["talker"],),
-            decoder_targets=(targets["decoder"],),
-            speaker_targets=(targets["speaker"],) if self.with_speaker else (),
-            **self.config_overrides,
+        add_talker = stages_pb2_grpc.add_TalkerServicer_to_server
+        add_speaker = stages_pb2_grpc.add_SpeakerServicer_to_server
+        self.decoder_server_target = await self._serve(
+            stages_pb2_grpc.add_DecoderServicer_to_server, self.decoder
         )
-        self.service = SynthesisService.from_config(self.config)
-        self.servicer = GatewayServicer(self.service)
+        self.decoder_server = self.fake_servers[-1]
+        stages: dict[str, Any] = {}
+        if self.model_types:
+            routes = []
+            for name, talker in self.talkers.items():
+                speakers = (
+                    (await self._serve(add_speaker, self.speakers[name]),) if name in self.speakers else ()
+                )
+                routes.append(ModelRoute(name, (await self._serve(add_talker, talker),), speakers))
+            stages["models"] = tuple(routes)
+        else:
+            if self.talker_target is not None:
+                talker_target = self.talker_target
+            else:
+                talker_target = await self._serve(add_talker, self.talker)
+                self.talker_server = self.fake_servers[-1]
+            speaker_target = await self._serve(add_speaker, self.speaker)
+            self.speaker_server = self.fake_servers[-1]
+            stages["talker_targets"] = (talker_target,)
+            stages["speaker_targets"] = (speaker_target,) if self.with_speaker else ()
+        self.config = GatewayConfig(
+            decoder_targets=(self.decoder_server_target,), **stages, **self.config_overrides
+        )
+        self.gateway = Gateway.from_config(self.config)
+        self.servicer = GatewayServicer(self.gateway)
         self.server, self.health = build_gateway_server(
             ServerConfig(stage="gateway", host="127.0.0.1", port=0), self.servicer, self.config
         )
         await self.server.start()
         if self.with_http:
-            from gateway.http import HttpServer
+            from gateway.transports.http import HttpServer
 
-            self.http_server = HttpServer(self.service, self.config, "127.0.0.1", 0)
+            self.http_server = HttpServer(self.gateway, self.config, "127.0.0.1", 0)
             await self.http_server.start(self.health)
             self.http_url = f"{self.http_server.scheme}://127.0.0.1:{self.http_server.port}"
-        await self.service.start()
+        await self.gateway.start()
         self.health.mark_ready()
         self.port = bound_port(self.server)
         if self.client_credentials is None:
@@ -491,6 +526,16 @@ class Harness:
         self.stub = tts_pb2_grpc.TextToSpeechStub(self.channel)
         return self
 
+    @property
+    def active_streams(self) -> int:
+        """Synthesis streams the gateway is running now."""
+        return self.gateway.admission.active
+
+    @property
+    def model_name(self) -> str:
+        """The default model's served name."""
+        return self.gateway.models.default.name
+
     async def __aexit__(self, *exc: object) -> None:
         for cleanup in reversed(self.cleanups):
             await cleanup()
@@ -498,7 +543,7 @@ class Harness:
         if self.http_server is not None:
             await self.http_server.stop(0)
         await self.server.stop(0)
-        await self.service.close()
+        await self.gateway.close()
         for server in self.fake_servers:
             await server.stop(0)
 

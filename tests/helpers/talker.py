@@ -17,10 +17,12 @@ def generate(
     max_new_tokens: int | None,
     params: SamplingParams | Sequence[SamplingParams],
     max_seq_len: int = 256,
+    linear: str = "auto",
 ) -> list[Generation]:
-    """Generate every source at once (batched as one engine with a slot each)."""
+    """Generate every source at once (batched as one engine with a slot each; ``linear``: the
+    engine's CPU linear kernels)."""
     plist = [params] * len(sources) if isinstance(params, SamplingParams) else list(params)
-    config = EngineConfig(max_slots=max(len(sources), 1), max_seq_len=max_seq_len)
+    config = EngineConfig(max_slots=max(len(sources), 1), max_seq_len=max_seq_len, linear=linear)
     with TalkerEngine(model, config) as engine:
         return engine.generate_all([(s, p, max_new_tokens) for s, p in zip(sources, plist)])
 

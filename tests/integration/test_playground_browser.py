@@ -63,7 +63,7 @@ def test_playground_speaks_in_chromium(tmp_path: Path) -> None:
                 # The browser is driven synchronously: off the loop that serves it.
                 page = await asyncio.to_thread(_speak, browser, h.http_url, screenshot)
             assert h.talker.requests[-1].speaker == "ryan"
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
             return page
 
     page = run(main(), timeout=120)
@@ -121,7 +121,7 @@ def test_type_as_you_speak_in_chromium(tmp_path: Path) -> None:
         async with Harness(frames=FRAMES, delay=0.01, http=True) as h:
             with chromium(CHROMIUM) as browser:
                 page = await asyncio.to_thread(_type_as_you_speak, browser, h.http_url, screenshot)
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
             return page, dict(h.talker.texts)
 
     page, texts = run(main(), timeout=120)

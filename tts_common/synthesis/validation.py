@@ -136,19 +136,20 @@ def check_voice_kind(kind: VoiceKind, info: tts_pb2.ModelInfo) -> None:
     ``voice_id``/``clone`` need base, voice_design takes none."""
     speakers = ", ".join(s.name for s in info.speakers)
     label = model_label(info)
+    serving = f"model {info.model_name!r} is" if info.model_name else "this server runs"
     if kind == "speaker":
         if _is_custom_voice(info):
             return
         hint = "use voice_id or clone" if info.voice_clone_supported else "describe the voice in instruct"
         raise InvalidRequestError(
-            f"preset speakers need a custom_voice model; this server runs a {label} model ({hint})"
+            f"preset speakers need a custom_voice model; {serving} a {label} model ({hint})"
         )
     if kind in ("voice_id", "clone"):
         if info.voice_clone_supported or info.model_type == "base":
             return
         hint = f"use speaker, one of: {speakers}" if info.speakers else "describe the voice in instruct"
         raise InvalidRequestError(
-            f"voice cloning ({kind}) needs a base model; this server runs a {label} model ({hint})"
+            f"voice cloning ({kind}) needs a base model; {serving} a {label} model ({hint})"
         )
     if _is_custom_voice(info):
         raise InvalidRequestError(f"speaker is required for custom_voice models (available: {speakers})")

@@ -95,6 +95,33 @@ def _methods(pb2: ModuleType, service: str) -> dict[str, tuple[bool, bool, str, 
     }
 
 
+def _numbers(message: object) -> dict[str, int]:
+    return {f.name: f.number for f in message.DESCRIPTOR.fields}  # type: ignore[attr-defined]
+
+
+def test_released_field_numbers_stay() -> None:
+    """Messages grow (the model fields, the designed voice) without renumbering what clients of
+    earlier releases send and read; a field moved into a oneof keeps its number."""
+    assert _numbers(tts_pb2.SynthesizeRequest).items() >= {
+        "request_id": 1, "text": 2, "language": 3, "speaker": 4, "voice_id": 5, "clone": 6,
+        "instruct": 7, "text_feeding": 8, "sampling": 9, "output": 10, "streaming": 11,
+        "silence_stop": 12, "model": 13,
+    }.items()  # fmt: skip
+    assert _numbers(tts_pb2.RegisterVoiceRequest) == {"name": 1, "reference": 2, "model": 3, "design": 4}
+    assert _numbers(tts_pb2.Voice).items() >= {
+        "voice_id": 1, "name": 2, "x_vector_only": 3, "ref_text": 4, "ref_audio_seconds": 5, "created_at": 6,
+    }.items()  # fmt: skip
+    assert (
+        _numbers(tts_pb2.ModelInfo)["dtype"] == 13
+        and _numbers(tts_pb2.ListVoicesResponse)["sample_rate"] == 8
+    )
+    assert _numbers(stages_pb2.TalkerInfo)["dtype"] == 6
+    # An old RegisterVoice message (reference only) parses into the new oneof unchanged.
+    old = tts_pb2.RegisterVoiceRequest(name="n", reference=tts_pb2.VoiceClone(ref_text="t"))
+    new = tts_pb2.RegisterVoiceRequest.FromString(old.SerializeToString())
+    assert new.WhichOneof("source") == "reference" and new.reference.ref_text == "t"
+
+
 def test_service_shapes() -> None:
     assert _methods(tts_pb2, "TextToSpeech") == {
         "Synthesize": (False, True, "SynthesizeRequest", "SynthesizeResponse"),
@@ -103,6 +130,7 @@ def test_service_shapes() -> None:
         "RegisterVoice": (False, False, "RegisterVoiceRequest", "Voice"),
         "DeleteVoice": (False, False, "DeleteVoiceRequest", "DeleteVoiceResponse"),
         "GetModelInfo": (False, False, "GetModelInfoRequest", "ModelInfo"),
+        "ListModels": (False, False, "ListModelsRequest", "ListModelsResponse"),
     }
     assert _methods(stages_pb2, "Talker") == {
         "Generate": (True, True, "TalkerClientMessage", "TalkerServerMessage"),
@@ -113,6 +141,7 @@ def test_service_shapes() -> None:
     assert _methods(stages_pb2, "Decoder") == {
         "Decode": (True, True, "DecoderClientMessage", "DecoderServerMessage"),
         "GetStats": (False, False, "GetStatsRequest", "StageStats"),
+        "GetModelInfo": (False, False, "GetModelInfoRequest", "DecoderInfo"),
     }
     assert _methods(stages_pb2, "Speaker") == {
         "EmbedReference": (False, False, "ReferenceAudio", "ReferenceEmbedding"),

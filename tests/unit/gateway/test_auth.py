@@ -9,7 +9,7 @@ import grpc
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
-from gateway.auth import extract_api_key
+from gateway.transports.auth import extract_api_key
 from qwen3_tts.cli import build_parser, cmd_health
 from tests.helpers.fake_stages import Harness, expect_rpc_error, run
 from tests.helpers.tls import self_signed

@@ -27,7 +27,7 @@ from gateway.encoding import (
 from gateway.encoding.ogg import ogg_crc
 from gateway.encoding.pcm import pcm16_to_alaw, pcm16_to_ulaw
 from gateway.encoding.tempo import atempo_stages
-from gateway.validation import plan_output
+from gateway.synthesis.request import plan_output
 from tts_common.audio import float_to_pcm16, resample
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.v1 import tts_pb2

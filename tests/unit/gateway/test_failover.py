@@ -1,4 +1,4 @@
-"""Failover of stage calls (gateway.failover, gateway.pipeline, gateway.routing) over fake stage
+"""Failover of stage calls (gateway.stages: failover, pipeline, routing) over fake stage
 replicas on loopback: each path on its own, the "frames differ" refusal, the bounds, readiness."""
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from gateway.config import FailoverPolicy
-from gateway.failover import FrameLog, call_with_failover, is_connection_failure, trim_pcm
-from gateway.pipeline import StageError, SynthesisPipeline
-from gateway.routing import Endpoint, StageClient, tie_readiness
+from gateway.stages.failover import FrameLog, call_with_failover, is_connection_failure, trim_pcm
+from gateway.stages.pipeline import StageError, SynthesisPipeline
+from gateway.stages.routing import Endpoint, StageClient, tie_readiness
 from tests.helpers.fake_stages import (
     NUM_CODEBOOKS,
     FakeDecoder,

@@ -19,7 +19,7 @@ import pytest
 import soundfile as sf
 from prometheus_client import REGISTRY
 
-from gateway.http.formats import RESPONSE_FORMATS
+from gateway.transports.http.formats import RESPONSE_FORMATS
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expected_signal, run
 from tts_common.audio import float_to_pcm16
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -69,10 +69,10 @@ def test_every_format_with_the_sdk_equals_grpc_where_lossless() -> None:
             sdk = client(h)
             for fmt, spec in RESPONSE_FORMATS.items():
                 whole = await sdk.audio.speech.create(
-                    model="qwen3-tts", input="Hello there.", voice="vivian", response_format=fmt
+                    model=h.model_name, input="Hello there.", voice="vivian", response_format=fmt
                 )
                 async with sdk.audio.speech.with_streaming_response.create(
-                    model="qwen3-tts", input="Hello there.", voice="vivian", response_format=fmt
+                    model=h.model_name, input="Hello there.", voice="vivian", response_format=fmt
                 ) as response:
                     assert response.headers["content-type"].startswith(spec.media_type.split(";")[0])
                     pieces = [piece async for piece in response.iter_bytes()]
@@ -96,7 +96,7 @@ def test_every_format_with_the_sdk_equals_grpc_where_lossless() -> None:
                         assert n <= audio.size <= n + 4096, (fmt, audio.size)
                         level = float(np.sqrt(np.mean(audio.astype(np.float64) ** 2)))
                         assert 0.5 < level / float(np.sqrt(np.mean(signal**2))) < 1.5, fmt
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
 
     run(main(), timeout=60)
 
@@ -105,7 +105,11 @@ def test_sse_events_carry_the_audio_and_the_summary() -> None:
     async def main() -> None:
         async with Harness(frames=9, http=True) as h:
             async with client(h).audio.speech.with_streaming_response.create(
-                model="m", input="Hello there.", voice="ryan", response_format="pcm", stream_format="sse"
+                model=h.model_name,
+                input="Hello there.",
+                voice="ryan",
+                response_format="pcm",
+                stream_format="sse",
             ) as response:
                 assert response.headers["content-type"].startswith("text/event-stream")
                 lines = [line async for line in response.iter_lines()]
@@ -128,7 +132,7 @@ def test_extra_body_fields_reach_the_stages() -> None:
         async with Harness(frames=12, http=True) as h:
             sdk = client(h)
             async with sdk.audio.speech.with_streaming_response.create(
-                model="m",
+                model=h.model_name,
                 input="Bonjour.",
                 voice={"id": "Vivian"},  # OpenAI's custom-voice form; speakers match any case
                 response_format="wav",
@@ -165,18 +169,20 @@ def test_extra_body_fields_reach_the_stages() -> None:
             assert rate == 16000 and audio.size == 5 * SAMPLES_PER_FRAME * 2 // 3  # 5 frames, resampled
             # x-request-id header when the body has none
             async with sdk.audio.speech.with_streaming_response.create(
-                model="m", input="Hi.", voice="eric", extra_headers={"x-request-id": "hdr-7"}
+                model=h.model_name, input="Hi.", voice="eric", extra_headers={"x-request-id": "hdr-7"}
             ) as raw:
                 await raw.read()
                 assert raw.headers["x-request-id"] == "hdr-7"
             assert h.talker.requests[-1].request_id == "hdr-7"
             # speed: the time-scale stage (2x faster: half the samples)
             normal = (
-                await sdk.audio.speech.create(model="m", input="Hi.", voice="ryan", response_format="pcm")
+                await sdk.audio.speech.create(
+                    model=h.model_name, input="Hi.", voice="ryan", response_format="pcm"
+                )
             ).content
             fast = (
                 await sdk.audio.speech.create(
-                    model="m", input="Hi.", voice="ryan", response_format="pcm", speed=2.0
+                    model=h.model_name, input="Hi.", voice="ryan", response_format="pcm", speed=2.0
                 )
             ).content
             assert abs(len(fast) / len(normal) - 0.5) < 0.02, (len(fast), len(normal))
@@ -189,13 +195,19 @@ def test_voice_design_instructions_and_aliases() -> None:
         async with Harness("voice_design", http=True) as h:
             sdk = client(h)
             await sdk.audio.speech.create(
-                model="m", input="Hi.", voice="alloy", instructions="A calm voice.", response_format="pcm"
+                model=h.model_name,
+                input="Hi.",
+                voice="alloy",
+                instructions="A calm voice.",
+                response_format="pcm",
             )
             sent = h.talker.requests[-1]
             assert sent.instruct == "A calm voice." and not sent.speaker and not sent.speaker_embedding
         async with Harness(http=True, voice_alias=(("alloy", "Ryan"), ("echo", "eric"))) as h:
             sdk = client(h)
-            await sdk.audio.speech.create(model="m", input="Hi.", voice="ALLOY", response_format="pcm")
+            await sdk.audio.speech.create(
+                model=h.model_name, input="Hi.", voice="ALLOY", response_format="pcm"
+            )
             assert h.talker.requests[-1].speaker == "ryan"
             listing = (await sdk.get("/audio/voices", cast_to=object))["data"]  # type: ignore[index]
             assert [(v["id"], v["type"]) for v in listing] == [
@@ -206,7 +218,9 @@ def test_voice_design_instructions_and_aliases() -> None:
                 ("echo", "alias"),
             ]
             with pytest.raises(openai.BadRequestError, match="instruct is not supported"):
-                await sdk.audio.speech.create(model="m", input="Hi.", voice="ryan", instructions="Loud.")
+                await sdk.audio.speech.create(
+                    model=h.model_name, input="Hi.", voice="ryan", instructions="Loud."
+                )
 
     run(main())
 
@@ -229,13 +243,15 @@ def test_voices_register_use_delete() -> None:
             listing = await sdk.get("/audio/voices", cast_to=object)
             (listed,) = listing["data"]  # type: ignore[index]
             assert listed["id"] == voice.id and listed["ref_text"] == "A reference sentence."
-            await sdk.audio.speech.create(model="m", input="Hi.", voice=voice.id, response_format="pcm")
+            await sdk.audio.speech.create(
+                model=h.model_name, input="Hi.", voice=voice.id, response_format="pcm"
+            )
             sent = h.talker.requests[-1]
             assert len(sent.speaker_embedding) > 0 and sent.ref_text == "A reference sentence."
             deleted = await sdk.audio.voices.delete(voice.id)
             assert deleted.deleted and deleted.id == voice.id
             with pytest.raises(openai.NotFoundError, match="unknown voice"):
-                await sdk.audio.speech.create(model="m", input="Hi.", voice={"id": voice.id})
+                await sdk.audio.speech.create(model=h.model_name, input="Hi.", voice={"id": voice.id})
             with pytest.raises(openai.NotFoundError, match="unknown voice_id"):
                 await sdk.audio.voices.delete(voice.id)
             # an x-vector-only voice needs no transcript
@@ -284,31 +300,33 @@ def test_client_disconnect_cancels_the_synthesis_and_frees_the_slot() -> None:
     async def main() -> None:
         async with Harness(frames=400, delay=0.02, http=True, max_concurrent_streams=1) as h:
             body = json.dumps(
-                {"model": "m", "input": "Hi.", "voice": "ryan", "response_format": "pcm"}
+                {"model": h.model_name, "input": "Hi.", "voice": "ryan", "response_format": "pcm"}
             ).encode()
             cancelled = _metric("CANCELLED")
             reader, writer = await _raw_request(h.http_server.port, _speech_head(body), body)
             status, headers = await _read_head(reader)
             assert status == 200 and headers["transfer-encoding"] == "chunked"
             await reader.read(100)  # audio is flowing
-            assert h.service.active_streams == 1
+            assert h.active_streams == 1
             # at capacity meanwhile: 429 with Retry-After
             with pytest.raises(openai.RateLimitError) as limited:
-                await client(h).audio.speech.create(model="m", input="Hi.", voice="ryan")
+                await client(h).audio.speech.create(model=h.model_name, input="Hi.", voice="ryan")
             assert limited.value.response.headers["retry-after"] == "1"
             assert limited.value.body["code"] == "resource_exhausted"  # type: ignore[index]
             writer.close()  # the client goes away mid-stream
             await asyncio.wait_for(h.talker.stopped.wait(), 5)
             for _ in range(100):
-                if h.service.active_streams == 0:
+                if h.active_streams == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
             assert _metric("CANCELLED") == cancelled + 1
             assert len(h.talker.requests) == 1 and h.talker.rpc_cancelled + h.talker.cancel_messages >= 1
             # the slot is free again
             h.talker.frames = 3
-            await client(h).audio.speech.create(model="m", input="Hi.", voice="ryan", response_format="pcm")
+            await client(h).audio.speech.create(
+                model=h.model_name, input="Hi.", voice="ryan", response_format="pcm"
+            )
 
     run(main())
 
@@ -318,7 +336,9 @@ def test_error_statuses_and_openai_error_objects() -> None:
         async with Harness(http=True, api_keys=frozenset({"k1"}), http_max_body_bytes=4096) as h:
             good = client(h, "k1")
             ok = _metric("OK")
-            await good.audio.speech.create(model="m", input="Hi.", voice="ryan", response_format="pcm")
+            await good.audio.speech.create(
+                model=h.model_name, input="Hi.", voice="ryan", response_format="pcm"
+            )
             assert _metric("OK") == ok + 1
             cases: list[tuple[Any, dict[str, Any], type[openai.APIStatusError], int, str]] = [
                 (
@@ -346,7 +366,13 @@ def test_error_statuses_and_openai_error_objects() -> None:
                 (good, {"input": "x" * 5000}, openai.APIStatusError, 413, "request body too large"),
             ]
             for sdk, change, error, status, message in cases:
-                kwargs = {"model": "m", "input": "Hi.", "voice": "ryan", "response_format": "pcm", **change}
+                kwargs = {
+                    "model": h.model_name,
+                    "input": "Hi.",
+                    "voice": "ryan",
+                    "response_format": "pcm",
+                    **change,
+                }
                 with pytest.raises(error) as caught:
                     await sdk.audio.speech.create(**kwargs)
                 assert caught.value.status_code == status, (change, caught.value)
@@ -365,7 +391,7 @@ def test_error_statuses_and_openai_error_objects() -> None:
             # 503: a stage down
             await h.decoder_server.stop(0)
             with pytest.raises(openai.InternalServerError, match="decoder stage unavailable") as down:
-                await good.audio.speech.create(model="m", input="Hi.", voice="ryan")
+                await good.audio.speech.create(model=h.model_name, input="Hi.", voice="ryan")
             assert down.value.status_code == 503 and down.value.body["code"] == "unavailable"  # type: ignore[index]
             # chunked upload over the limit: 413 as soon as it passes it
             reader, writer = await _raw_request(
@@ -411,7 +437,7 @@ def test_graceful_stop_finishes_streams_in_flight() -> None:
     async def main() -> None:
         async with Harness(frames=25, delay=0.02, http=True) as h:
             body = json.dumps(
-                {"model": "m", "input": "Hi.", "voice": "ryan", "response_format": "pcm"}
+                {"model": h.model_name, "input": "Hi.", "voice": "ryan", "response_format": "pcm"}
             ).encode()
             reader, writer = await _raw_request(h.http_server.port, _speech_head(body), body)
             assert (await _read_head(reader))[0] == 200

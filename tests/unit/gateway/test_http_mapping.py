@@ -5,6 +5,7 @@ flag, and exceptions to HTTP statuses and OpenAI error objects."""
 from __future__ import annotations
 
 import argparse
+import asyncio
 import functools
 import importlib.util
 import sys
@@ -18,12 +19,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import parse_voice_aliases
-from gateway.http.errors import HTTP_STATUS, http_error
-from gateway.http.formats import RESPONSE_FORMATS
-from gateway.http.schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, SpeechRequest
-from gateway.http.speech import resolve_voice, synthesize_request
-from gateway.pipeline import StageError
-from gateway.voices import StoredVoice, VoiceStore
+from gateway.stages.pipeline import StageError
+from gateway.transports.http.errors import HTTP_STATUS, http_error
+from gateway.transports.http.formats import RESPONSE_FORMATS
+from gateway.transports.http.schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, SpeechRequest
+from gateway.transports.http.speech import resolve_voice, synthesize_request
+from gateway.voices import FileVoiceStore, StoredVoice
 from tts_common import errors
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
@@ -35,11 +36,11 @@ def info(model_type: str = "custom_voice") -> tts_pb2.ModelInfo:
     return tts_pb2.ModelInfo(model_type=model_type, speakers=speakers)
 
 
-def store(*ids: str) -> VoiceStore:
-    voices = VoiceStore()
+def store(*ids: str) -> FileVoiceStore:
+    voices = FileVoiceStore()
     for voice_id in ids:
         voices._voices[voice_id] = StoredVoice(
-            voice=tts_pb2.Voice(voice_id=voice_id), speaker_embedding=[0.0], ref_codes=None, model_name="m"
+            voice=tts_pb2.Voice(voice_id=voice_id, model="m"), speaker_embedding=[0.0], ref_codes=None
         )
     return voices
 
@@ -98,7 +99,7 @@ def test_body_maps_field_for_field(
         max_chunk_frames=largest,
         **sampling,
     )
-    request = synthesize_request(body, "rid", info(), store(), {})
+    request = asyncio.run(synthesize_request(body, "rid", info(), store(), {}))
     assert (request.request_id, request.text, request.language, request.instruct) == (
         "rid",
         text,
@@ -143,7 +144,7 @@ def test_voice_resolution(aliases: dict[str, str], name: str, model_type: str) -
     model = info(model_type)
     target = aliases.get(name.lower(), name)
     try:
-        resolved = resolve_voice(name, model, store("voice-a"), aliases)
+        resolved = asyncio.run(resolve_voice(name, model, store("voice-a"), aliases))
     except errors.NotFoundError:
         resolved = None
     if model_type == "custom_voice" and target.lower() in SPEAKERS:
@@ -238,4 +239,4 @@ def test_ttfb_bench_sends_the_same_request_both_ways(
     model = info("custom_voice" if voice else "voice_design")
     expected = request.grpc()
     expected.streaming.SetInParent()  # the HTTP mapping always sets it (empty: the defaults)
-    assert synthesize_request(body, "", model, store(), {}) == expected
+    assert asyncio.run(synthesize_request(body, "", model, store(), {})) == expected

@@ -212,9 +212,9 @@ def test_client_leaving_frees_the_slot() -> None:
                 await ws.recv()
             await asyncio.wait_for(h.talker.stopped.wait(), 5)
             for _ in range(100):
-                if h.talker.active == 0 and h.service.active_streams == 0:
+                if h.talker.active == 0 and h.active_streams == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert h.talker.active == 0 and h.service.active_streams == 0
+            assert h.talker.active == 0 and h.active_streams == 0
 
     run(main())

@@ -11,7 +11,7 @@ import grpc
 import numpy as np
 from prometheus_client import REGISTRY
 
-from gateway.service import INLINE_SEGMENTING_CHARS
+from gateway.synthesis.segmentation import INLINE_SEGMENTING_CHARS
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tests.helpers.fixtures import CKPT_DIR
 from tests.helpers.synthesis import chunks_audio
@@ -127,7 +127,7 @@ def test_exact_token_counts_from_the_talker() -> None:
         checkpoint = CKPT_DIR / "tiny_custom_voice"
         tokenizer = TextTokenizer.from_checkpoint(checkpoint)
         async with Harness(frames=2, segment_tokens=25, tokenizer_dir=checkpoint) as h:
-            assert h.service.token_counter.exact
+            assert h.gateway.models.default.tokens.exact
             await h.synthesize(request())
         expected = segment_text(TEXT, 25, tokenizer.count_tokens)
         assert [r.text for r in h.talker.requests] == [p.text for p in expected]
@@ -135,7 +135,7 @@ def test_exact_token_counts_from_the_talker() -> None:
         # A talker without the RPC: the estimate (the tiny fixture's vocabulary has few merges,
         # so here the two cut differently).
         async with Harness(frames=2, segment_tokens=25) as h:
-            assert not h.service.token_counter.exact
+            assert not h.gateway.models.default.tokens.exact
             await h.synthesize(request())
         estimated = segment_text(TEXT, 25, estimate_tokens)
         assert (
@@ -294,15 +294,15 @@ def test_tokenizer_fetch_is_retried_in_the_background() -> None:
     async def main() -> None:
         checkpoint = CKPT_DIR / "tiny_custom_voice"
         async with Harness(frames=2, segment_tokens=25, model_info_ttl_seconds=0.05) as h:
-            assert not h.service.token_counter.exact  # the talker could not serve it at startup
+            assert not h.gateway.models.default.tokens.exact  # the talker could not serve it at startup
             h.talker.tokenizer_dir = checkpoint
             await asyncio.sleep(0.1)
             await h.synthesize(request())  # cut by the estimate; starts a fetch
             for _ in range(200):
-                if h.service.token_counter.exact:
+                if h.gateway.models.default.tokens.exact:
                     break
                 await asyncio.sleep(0.02)
-            assert h.service.token_counter.exact
+            assert h.gateway.models.default.tokens.exact
             first = len(h.talker.requests)
             await h.synthesize(request())
         exact = segment_text(TEXT, 25, TextTokenizer.from_checkpoint(checkpoint).count_tokens)

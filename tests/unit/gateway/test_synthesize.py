@@ -19,7 +19,7 @@ import pytest
 import soundfile as sf
 from prometheus_client import REGISTRY
 
-from gateway.pipeline import StageError
+from gateway.stages.pipeline import StageError
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tts_common.audio import float_to_pcm16, resample
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -110,7 +110,7 @@ def test_stream_order_metadata_and_pcm16_content() -> None:
             assert (meta2.sampling.seed, meta2.sampling.temperature) == (42, 0.5)
             assert h.talker.requests[-1].sampling.max_new_tokens == 4
             assert summary2.frames == 3 and summary2.finish_reason == tts_pb2.FINISH_REASON_LENGTH
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
 
     run(main())
 
@@ -147,7 +147,7 @@ def test_metrics_and_model_info_refresh() -> None:
             calls = h.talker.model_info_calls
             await h.synthesize(request())
             assert h.talker.model_info_calls == calls
-            h.service.model_info.invalidate()
+            h.gateway.models.default.info.invalidate()
             await h.synthesize(request())
             assert h.talker.model_info_calls == calls + 1
 
@@ -254,10 +254,10 @@ def test_resource_exhausted_beyond_max_concurrent_streams() -> None:
             for call in calls:
                 call.cancel()
             for _ in range(100):  # slots come back once the handlers unwind
-                if h.service.active_streams == 0:
+                if h.active_streams == 0:
                     break
                 await asyncio.sleep(0.02)
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
             h.talker.frames = 3
             await h.synthesize(request())
 
@@ -274,10 +274,10 @@ def test_client_cancel_and_deadline_stop_the_talker() -> None:
             await asyncio.wait_for(h.talker.stopped.wait(), 3)
             assert h.talker.cancel_messages + h.talker.rpc_cancelled >= 1
             for _ in range(100):
-                if h.service.active_streams == 0 and h.decoder.cancelled_calls:
+                if h.active_streams == 0 and h.decoder.cancelled_calls:
                     break
                 await asyncio.sleep(0.02)
-            assert h.service.active_streams == 0
+            assert h.active_streams == 0
             assert h.decoder.cancelled_calls == 1
 
             h.talker.stopped.clear()
@@ -302,7 +302,10 @@ def test_only_an_unavailable_talker_makes_the_model_info_refetched() -> None:
             ]
             for error, refetches in cases:
                 calls = h.talker.model_info_calls
-                with pytest.raises(StageError), h.service.admission(time.monotonic()):
+                with (
+                    pytest.raises(StageError),
+                    h.gateway.admission.admit(time.monotonic(), h.gateway.models.default),
+                ):
                     raise error
                 await h.synthesize(request())
                 assert h.talker.model_info_calls == calls + refetches, error
@@ -382,7 +385,7 @@ def test_talker_process_killed_mid_stream_gives_unavailable() -> None:
                         break
                     await asyncio.sleep(0.02)
                 assert h.decoder.cancelled_calls == 1
-                assert h.service.active_streams == 0
+                assert h.active_streams == 0
 
         run(main())
     finally:

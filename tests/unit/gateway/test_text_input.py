@@ -9,7 +9,13 @@ import re
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from gateway.text_input import AppendUtteranceText, EndUtterance, OpenUtterance, TextAction, UtteranceCutter
+from gateway.synthesis.text_cutter import (
+    AppendUtteranceText,
+    EndUtterance,
+    OpenUtterance,
+    TextAction,
+    UtteranceCutter,
+)
 from tests.helpers.synthesis import cut
 from tts_common.text import estimate_tokens, split_sentences
 from tts_common.text.chars import is_speakable

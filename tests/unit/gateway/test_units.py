@@ -14,7 +14,7 @@ import soundfile as sf
 from gateway.__main__ import main as gateway_main
 from gateway.config import FLAGS, GatewayConfig, gateway_config_from_args
 from gateway.encoding import AudioOutput, StreamResampler, WavEncoder, create_encoder
-from gateway.routing import StageClient, is_target_uri
+from gateway.stages.routing import StageClient, is_target_uri
 from tts_common.audio import resample
 from tts_common.chunking import MAX_CHUNK_FRAMES
 from tts_common.errors import InvalidRequestError

@@ -3,13 +3,14 @@ DeleteVoice, persistence, limits, and what the talker, decoder and speaker stage
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
 import grpc
 import numpy as np
 
-from gateway.voices import VoiceStore
+from gateway.voices import FileVoiceStore
 from tests.helpers.fake_stages import (
     EMBEDDING_DIM,
     SAMPLES_PER_FRAME,
@@ -69,11 +70,11 @@ def test_register_list_use_delete_voices(tmp_path: Path) -> None:
             assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
                 [f"{icl.voice_id}.json", f"{xvec.voice_id}.json"]
             )
-            reloaded = VoiceStore(tmp_path)
-            assert reloaded.load() == 2
-            stored = reloaded.get(icl.voice_id)
+            reloaded = FileVoiceStore(tmp_path)
+            assert await reloaded.load() == 2
+            stored = await reloaded.get(icl.voice_id)
             assert stored.voice == icl and stored.ref_codes == ref_codes()
-            assert stored.speaker_embedding == h.service.voices.get(icl.voice_id).speaker_embedding
+            assert stored.speaker_embedding == (await h.gateway.store.get(icl.voice_id)).speaker_embedding
             assert json.loads((tmp_path / f"{xvec.voice_id}.json").read_text())["ref_codes"] is None
 
             # synthesis with the in-context voice: embedding, codes and transcript reused
@@ -219,22 +220,20 @@ def test_register_voice_validation_and_model_info() -> None:
 def test_voice_store_skips_bad_files(tmp_path: Path) -> None:
     (tmp_path / "voice-0123.json").write_text("{not json")
     (tmp_path / "other.txt").write_text("ignored")
-    store = VoiceStore(tmp_path)
-    assert store.load() == 0 and len(store) == 0
+    store = FileVoiceStore(tmp_path)
+    assert asyncio.run(store.load()) == 0 and len(store) == 0
 
 
 def test_voice_registered_by_another_replica_is_found_in_shared_directory(tmp_path):
-    import asyncio
-
-    from gateway.voices import StoredVoice, VoiceStore, new_voice_id
+    from gateway.voices import StoredVoice, new_voice_id
     from tts_common.pb.qwen3tts.v1 import tts_pb2
 
-    writer, reader = VoiceStore(tmp_path), VoiceStore(tmp_path)
-    reader.load()
+    writer, reader = FileVoiceStore(tmp_path), FileVoiceStore(tmp_path)
+    asyncio.run(reader.load())
     voice = StoredVoice(
         voice=tts_pb2.Voice(voice_id=new_voice_id(), name="v", x_vector_only=True),
         speaker_embedding=[0.5, -1.0],
         ref_codes=None,
     )
     asyncio.run(writer.add(voice))
-    assert reader.get(voice.voice_id).speaker_embedding == [0.5, -1.0]
+    assert asyncio.run(reader.get(voice.voice_id)).speaker_embedding == [0.5, -1.0]

@@ -4,6 +4,7 @@ an independent statement of it, and the supervisor loop over scripted processes 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -156,7 +157,11 @@ class Stop:
 
 
 def supervise(
-    names: list[str], scripts: dict[str, list[Life]], stop_at: float = float("inf"), timeout: float = 600
+    names: list[str],
+    scripts: dict[str, list[Life]],
+    stop_at: float = float("inf"),
+    timeout: float = 600,
+    group: Callable[[str], str] = stage_of,
 ) -> tuple[int, World, Supervisor, list[str], list[float]]:
     """Run a supervisor over scripted processes: (exit status, world, supervisor, reports,
     the times ``on_serving`` ran)."""
@@ -170,7 +175,7 @@ def supervise(
     announced: list[float] = []
     supervisor = Supervisor(
         procs,
-        stage_of,
+        group,
         world.start,
         world.serving,
         POLICY,
@@ -207,6 +212,20 @@ def test_losing_every_replica_of_a_stage_stops_the_stack(stage: str) -> None:
     assert code == 1
     assert sorted(supervisor.given_up) == [stage, f"{stage}-2"]
     assert reports[-1] == f"no {stage} replica left; stopping"
+
+
+def test_groups_are_what_the_caller_says() -> None:
+    """Several models: each model's talkers are a group of their own (``up`` passes
+    local_stack.replica_group); losing one model's talkers stops the stack even though another
+    model's talker serves."""
+    names = ["talker-design", "decoder", "talker-base", "speaker-base", "talker-base-2", "gateway"]
+    group = {n: n.removesuffix("-2") for n in names}
+    failing = [Life(serves_after=None, exits_after=0.5)]
+    code, _, supervisor, reports, _ = supervise(
+        names, {"talker-base": failing, "talker-base-2": failing}, group=group.__getitem__
+    )
+    assert code == 1 and sorted(supervisor.given_up) == ["talker-base", "talker-base-2"]
+    assert reports[-1] == "no talker-base replica left; stopping"
 
 
 def test_the_gateway_exit_stops_the_stack() -> None:

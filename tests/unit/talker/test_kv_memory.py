@@ -113,11 +113,11 @@ def test_servicer_sizes_the_engine_from_the_budget(caplog: pytest.LogCaptureFixt
     per_slot = 512 * kv_bytes_per_position(TalkerModel.from_checkpoint(CKPT).talker.cfg, torch.float32)
     config = EngineConfig(max_slots=8, max_seq_len=512, kv_memory=MemoryBudget(nbytes=3 * per_slot + 1))
     servicer = TalkerServicer(str(CKPT), config)
-    with caplog.at_level(logging.INFO, logger="talker_service.server"):
+    with caplog.at_level(logging.INFO, logger="talker_service"):
         asyncio.run(servicer.load())
     try:
         assert servicer.engine is not None and servicer.info is not None
-        assert servicer.engine_config.max_slots == 3 and servicer.engine_config.batch_buckets == (1, 2, 3)
+        assert servicer.engine_config.max_slots == 3 and servicer.engine_config.graph_buckets == (1, 2, 3)
         assert servicer.engine.runner.cache.num_slots == 3 and servicer.info.max_batch_size == 3
         cache = servicer.engine.runner.cache
         assert servicer.engine.runner.kv_bytes_per_slot == per_slot == 2 * cache.k[:, 0].nbytes

@@ -22,7 +22,7 @@ from talker_service.model.sampling import SamplingTensors
 from talker_service.model.step import DecodeState, decode_step, prefill
 from tests.helpers.fixtures import fixture_prompt_inputs
 from tests.helpers.talker import generate
-from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
+from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available, use_onednn_linears
 from tts_common.synthesis import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -130,11 +130,11 @@ def test_greedy_codes_alone(case: Case) -> None:
 @pytest.mark.parametrize("name", NAMES)
 def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
     """The fallback kernels (CUDA, bf16, torch without oneDNN) reproduce the reference too."""
-    m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / name, onednn_linears=False)
-    assert not any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
+    m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / name)
     for case in _cases(name)[:2]:
-        got = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05))[0].codes
-        np.testing.assert_array_equal(got, case.npy("codes"), err_msg=case.rid)
+        got = generate(m, [case.request()], MAX_NEW_TOKENS, SamplingParams.greedy(1.05), linear="torch")
+        np.testing.assert_array_equal(got[0].codes, case.npy("codes"), err_msg=case.rid)
+    assert not any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="torch built without oneDNN")
@@ -146,6 +146,7 @@ def test_decode_step_is_batch_invariant_to_the_bit() -> None:
     another order (last-bit differences): the code tests above check its tokens instead.
     """
     m = model_for("tiny_voice_design")
+    use_onednn_linears(m.talker)  # what an engine chooses on CPU float32 unless told otherwise
     assert any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
     cases = _cases("tiny_voice_design")
     prompts = [m.build_prompt(cases[i].request()) for i in (0, 2)]

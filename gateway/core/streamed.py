@@ -1,0 +1,72 @@
+"""``StreamingSynthesize``, for any transport: text deltas in as they are written, one response
+stream out (:mod:`gateway.synthesis.session` runs the stream once its configuration is
+accepted).
+
+The configuration's model (NOT_FOUND listing the served ones) -> admission -> the configuration
+validated against that model and its voice resolved -> a :class:`StreamingSession` given the
+utterance sequence, the response builder and the utterance cutter it works with.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from tts_common import metrics
+from tts_common.logging_setup import model_context
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+
+from ..config import STAGE
+from ..stages.models import ModelRegistry
+from ..synthesis.context import SynthesisContext
+from ..synthesis.session import StreamingSession
+from ..synthesis.text_cutter import UtteranceCutter
+from .admission import Admission
+
+
+@dataclass(frozen=True)
+class StreamedSynthesis:
+    """``StreamingSynthesize`` over the served models (see the module doc)."""
+
+    models: ModelRegistry
+    context: SynthesisContext
+    admission: Admission
+
+    async def synthesize(
+        self,
+        config: tts_pb2.SynthesizeRequest,
+        messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
+        request_id: str,
+        *,
+        received: float,
+        time_remaining: float | None = None,
+        speed: float = 1.0,
+    ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+        """The response stream of one StreamingSynthesize call: ``config`` is its first message
+        (``gateway.synthesis.text_cutter.read_config``), ``messages`` the rest (text, flush,
+        cancel) until the client's half-close."""
+        backend = self.models.get(config.model)
+        with model_context(backend.name), self.admission.admit(received, backend):
+            metrics.TEXT_STREAMS.labels(stage=STAGE).inc()
+            try:
+                context = self.context
+                prepared = await context.prepare(
+                    backend, config, request_id, time_remaining, streamed_text=True
+                )
+                session = StreamingSession(
+                    prepared,
+                    messages,
+                    request_id,
+                    sequence=context.sequence(backend, prepared, time_remaining),
+                    responses=prepared.responses(request_id, received, speed),
+                    cutter=UtteranceCutter(*context.segment_size(backend, prepared)),
+                    max_text_chars=context.config.max_text_chars,
+                    idle_timeout=context.config.text_idle_timeout_seconds,
+                )
+                async for response in session.responses():
+                    yield response
+            finally:
+                metrics.TEXT_STREAMS.labels(stage=STAGE).dec()
+
+
+__all__ = ["StreamedSynthesis"]

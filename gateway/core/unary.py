@@ -1,0 +1,87 @@
+"""``Synthesize``, for any transport: a whole text in, one response stream out.
+
+The model its ``model`` names (:class:`~gateway.stages.models.ModelRegistry`; NOT_FOUND listing
+the served ones) -> admission (:mod:`.admission`) -> validation against that model and the voice
+(:func:`gateway.synthesis.request.prepare`) -> the text cut into segments
+(:mod:`gateway.synthesis.segmentation`; one for a text that fits a talker request) -> the
+segments as consecutive utterances (:mod:`gateway.synthesis.utterances`, each ``Talker.Generate``
+piped into ``Decoder.Decode`` by :mod:`gateway.stages.pipeline`, the next one generating while
+the current one streams) -> every response made by the stream's
+:class:`~gateway.synthesis.responses.ResponseBuilder`: one metadata, audio chunks, one summary.
+Closing the iterator (client gone, deadline) cancels every stage call; a stage failing
+mid-stream raises a StageError naming the stage.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from tts_common.logging_setup import model_context
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+
+from ..stages.models import ModelRegistry
+from ..synthesis.context import SynthesisContext
+from ..synthesis.responses import SegmentRecord
+from ..synthesis.utterances import UtteranceAudio, UtteranceDone, UtteranceStarted
+from .admission import Admission
+
+
+def segment_record(done: UtteranceDone) -> SegmentRecord:
+    """What the summary says of one spoken segment."""
+    return SegmentRecord(
+        index=done.index,
+        text_start=done.plan.text_start,
+        text_end=done.plan.text_end,
+        seed=done.plan.talker_request.sampling.seed,
+        frames=done.frames,
+        finish_reason=done.finish_reason,
+        talker_done=done.talker_done,
+    )
+
+
+@dataclass(frozen=True)
+class UnarySynthesis:
+    """``Synthesize`` over the served models (see the module doc)."""
+
+    models: ModelRegistry
+    context: SynthesisContext
+    admission: Admission
+
+    async def synthesize(
+        self,
+        request: tts_pb2.SynthesizeRequest,
+        request_id: str,
+        *,
+        received: float,
+        time_remaining: float | None = None,
+        speed: float = 1.0,
+    ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+        """The response stream of one Synthesize request (see the module doc). ``speed``: the
+        output's time-scale factor (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
+        context = self.context
+        backend = self.models.get(request.model)
+        with model_context(backend.name), self.admission.admit(received, backend):
+            prepared = await context.prepare(backend, request, request_id, time_remaining)
+            builder = prepared.responses(request_id, received, speed)
+            segmentation = await context.segmentation(backend, prepared)
+            sequence = context.sequence(backend, prepared, time_remaining)
+            plans = context.plans(segmentation, prepared, request_id)
+            async with contextlib.aclosing(sequence.events(plans)) as events:
+                async for event in events:
+                    if isinstance(event, UtteranceAudio):
+                        yield await builder.audio(event.index, event.samples)
+                    elif isinstance(event, UtteranceDone):
+                        builder.end_utterance(event.index)
+                    elif isinstance(event, UtteranceStarted) and event.index == 0:
+                        # A text the whole segmentation refuses is refused before any response.
+                        await segmentation.complete()
+                        yield builder.metadata()
+            final = await builder.finish()
+            if final is not None:
+                yield final
+            yield builder.summary([segment_record(done) for done in sequence.results])
+
+
+__all__ = ["UnarySynthesis", "segment_record"]

@@ -1,0 +1,315 @@
+"""One StreamingSynthesize stream after its configuration was accepted
+(:class:`StreamingSession`, run by :mod:`gateway.core.streamed` for any transport): text deltas
+in, the Synthesize response stream out, plus an ``utterance_end`` per utterance. The session is
+handed what it works with (the prepared request, its utterance sequence, its response builder,
+its utterance cutter) and calls nothing above it.
+
+Three parts run side by side and meet in one queue, whose order is the response order:
+
+* the reader takes the client's messages (after the configuration) with the idle timeout, cuts
+  the text into utterances (:class:`~gateway.synthesis.text_cutter.UtteranceCutter`) and turns each into a
+  ``text_open`` talker request whose ``AppendText`` / ``EndText`` messages follow as the text
+  arrives (one feed queue per utterance);
+* the :class:`~gateway.synthesis.utterances.UtteranceSequence` runs those utterances back to back, its
+  events pumped into the queue;
+* the response generator hands the audio, the utterance ends and the summary to the stream's
+  :class:`~gateway.synthesis.responses.ResponseBuilder`.
+
+Cancel: the reader stops every utterance not yet finished (their ``cancelled`` events: the
+sequence closes their pipelines, freeing the talker slots) and queues a cancel marker. When the
+generator reaches the marker it sends each stopped utterance's ``utterance_end`` (CANCELLED, the
+samples it had sent): the acknowledgement. Audio of a stopped utterance is dropped from the
+moment the reader saw the cancel, so none follows the acknowledgement.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from tts_common import metrics
+from tts_common.errors import DeadlineExceededError, InvalidRequestError
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.synthesis.segments import segment_plan
+
+from ..config import STAGE
+from .request import PreparedRequest
+from .responses import ResponseBuilder, SegmentRecord
+from .text_cutter import (
+    AppendUtteranceText,
+    EndUtterance,
+    OpenUtterance,
+    TextAction,
+    UtteranceCutter,
+    check_message,
+    check_total_text,
+)
+from .utterances import (
+    UtteranceAudio,
+    UtteranceDone,
+    UtteranceEvent,
+    UtterancePlan,
+    UtteranceSequence,
+    utterance_plan,
+)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(eq=False)
+class _StreamedUtterance:
+    """One utterance of the streamed text: its text so far, its talker feed, its outcome."""
+
+    index: int
+    text_start: int
+    text_end: int
+    seed: int
+    feed: asyncio.Queue[stages_pb2.TalkerClientMessage | None] = field(default_factory=asyncio.Queue)
+    cancelled: asyncio.Event = field(default_factory=asyncio.Event)
+    ended: bool = False
+    """Its utterance_end was sent."""
+    done: UtteranceDone | None = None
+
+    def record(self, finish_reason: int | None = None) -> SegmentRecord:
+        """What the summary and its utterance_end say of it (``finish_reason``: else its own)."""
+        done = self.done
+        if finish_reason is None:
+            finish_reason = (
+                tts_pb2.FINISH_REASON_CANCELLED
+                if self.cancelled.is_set()
+                else (done.finish_reason if done is not None else 0)
+            )
+        return SegmentRecord(
+            index=self.index,
+            text_start=self.text_start,
+            text_end=self.text_end,
+            seed=self.seed,
+            frames=done.frames if done is not None else 0,
+            finish_reason=finish_reason,
+            talker_done=done.talker_done if done is not None else stages_pb2.TalkerDone(),
+        )
+
+
+@dataclass(frozen=True)
+class _Cancelled:
+    utterances: list[_StreamedUtterance]
+
+
+class _Finished:
+    """Every utterance was delivered."""
+
+
+_Item = UtteranceEvent | _Cancelled | _Finished | BaseException
+
+
+async def _messages_of(
+    feed: asyncio.Queue[stages_pb2.TalkerClientMessage | None],
+) -> AsyncIterator[stages_pb2.TalkerClientMessage]:
+    while (message := await feed.get()) is not None:
+        yield message
+
+
+class StreamingSession:
+    """One StreamingSynthesize stream after its configuration was accepted (see the module doc)."""
+
+    def __init__(
+        self,
+        prepared: PreparedRequest,
+        messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
+        request_id: str,
+        *,
+        sequence: UtteranceSequence,
+        responses: ResponseBuilder,
+        cutter: UtteranceCutter,
+        max_text_chars: int,
+        idle_timeout: float,
+    ) -> None:
+        """``messages``: the client's messages after the configuration; ``sequence``: runs the
+        utterances; ``responses``: makes every response; ``cutter``: cuts the text into
+        utterances; ``max_text_chars``: the text limit over the stream; ``idle_timeout``: how long
+        the text may stay open with neither a message nor audio."""
+        self._prepared = prepared
+        self._messages = messages
+        self._request_id = request_id
+        self._sequence = sequence
+        self._builder = responses
+        self._cutter = cutter
+        self._max_text_chars = max_text_chars
+        self._idle_timeout = idle_timeout
+        self._last_activity = time.monotonic()
+        self._out: asyncio.Queue[_Item] = asyncio.Queue()
+        self._plans: asyncio.Queue[UtterancePlan | None] = asyncio.Queue()
+        self._utterances: list[_StreamedUtterance] = []
+        self._current: _StreamedUtterance | None = None
+
+    async def responses(self) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+        """Metadata, then audio and utterance ends as they come, then the summary."""
+        builder = self._builder
+        yield builder.metadata()
+        reader = asyncio.create_task(self._read(), name="text reader")
+        pump = asyncio.create_task(self._pump(self._sequence), name="utterance events")
+        try:
+            while True:
+                item = await self._out.get()
+                if isinstance(item, BaseException):
+                    raise item
+                if isinstance(item, _Finished):
+                    break
+                if isinstance(item, _Cancelled):
+                    for utterance in item.utterances:
+                        if not utterance.ended:
+                            metrics.CANCELLED_UTTERANCES.labels(stage=STAGE).inc()
+                            yield self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
+                elif isinstance(item, UtteranceAudio):
+                    if self._utterances[item.index].cancelled.is_set():
+                        continue
+                    response = await builder.audio(item.index, item.samples)
+                    self._last_activity = time.monotonic()
+                    yield response
+                elif isinstance(item, UtteranceDone):
+                    utterance = self._utterances[item.index]
+                    utterance.done = item
+                    self._observe(item.talker_done)
+                    if not utterance.ended:
+                        yield self._utterance_end(utterance, item.finish_reason)
+            final = await builder.finish()
+            if final is not None:
+                yield final
+            yield builder.summary([u.record() for u in self._utterances])
+        finally:
+            for task in (reader, pump):
+                task.cancel()
+            await asyncio.gather(reader, pump, return_exceptions=True)
+
+    # --- client side ----------------------------------------------------------------------
+    async def _read(self) -> None:
+        """Read the client's messages until the half-close (errors go to the response queue)."""
+        pending: asyncio.Future[tts_pb2.StreamingSynthesizeRequest] | None = None
+        total = 0
+        try:
+            while True:
+                if pending is None:
+                    pending = asyncio.ensure_future(self._next())
+                message = await self._wait(pending)
+                pending = None
+                if message is None:
+                    break
+                self._last_activity = time.monotonic()
+                kind = check_message(message)
+                if kind == "text":
+                    total += len(message.text)
+                    check_total_text(total, self._max_text_chars)
+                    self._apply(self._cutter.push(message.text))
+                elif kind == "flush":
+                    self._apply(self._cutter.flush())
+                else:
+                    self._cancel()
+            self._apply(self._cutter.flush())
+            if not self._utterances:
+                raise InvalidRequestError(
+                    "no text to speak: the stream ended (half-close) before any text with a letter or digit"
+                )
+            self._plans.put_nowait(None)
+        except Exception as exc:  # noqa: BLE001 - reported in order by responses()
+            self._out.put_nowait(exc)
+        finally:
+            if pending is not None:
+                pending.cancel()
+
+    async def _next(self) -> tts_pb2.StreamingSynthesizeRequest | None:
+        try:
+            return await anext(self._messages)
+        except StopAsyncIteration:
+            return None
+
+    async def _wait(
+        self, pending: asyncio.Future[tts_pb2.StreamingSynthesizeRequest | None]
+    ) -> tts_pb2.StreamingSynthesizeRequest | None:
+        """The next message, or DEADLINE_EXCEEDED once neither a message came nor audio left
+        for the idle timeout."""
+        while True:
+            remaining = self._last_activity + self._idle_timeout - time.monotonic()
+            if remaining <= 0:
+                raise DeadlineExceededError(
+                    f"the text stayed open with no message for {self._idle_timeout:g} s "
+                    "(send text, flush or close the stream; --text-idle-timeout-seconds)"
+                )
+            done, _ = await asyncio.wait({pending}, timeout=remaining)
+            if done:
+                return pending.result()
+
+    def _apply(self, actions: list[TextAction]) -> None:
+        for action in actions:
+            if isinstance(action, OpenUtterance):
+                self._current = self._open(action)
+            elif isinstance(action, AppendUtteranceText):
+                assert self._current is not None
+                self._current.feed.put_nowait(
+                    stages_pb2.TalkerClientMessage(append_text=stages_pb2.AppendText(text=action.text))
+                )
+                self._current.text_end += len(action.text)
+            elif isinstance(action, EndUtterance):
+                assert self._current is not None
+                self._current.feed.put_nowait(stages_pb2.TalkerClientMessage(end_text=stages_pb2.EndText()))
+                self._current.feed.put_nowait(None)
+                self._current = None
+
+    def _open(self, action: OpenUtterance) -> _StreamedUtterance:
+        """Queue the next utterance's talker request (text open)."""
+        plan = self._prepared.plan
+        index = len(self._utterances)
+        segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
+        utterance = _StreamedUtterance(index, segment.start, segment.end, segment.seed)
+        stages = utterance_plan(segment, self._request_id, self._prepared.voice, self._prepared.output_plan)
+        stages.talker_request.text_open = True
+        self._plans.put_nowait(
+            dataclasses.replace(stages, text=_messages_of(utterance.feed), cancelled=utterance.cancelled)
+        )
+        self._utterances.append(utterance)
+        return utterance
+
+    def _cancel(self) -> None:
+        """Stop every utterance not yet finished and drop the text held back."""
+        self._cutter.cancel()
+        self._current = None
+        stopped = [u for u in self._utterances if u.done is None and not u.cancelled.is_set()]
+        for utterance in stopped:
+            utterance.cancelled.set()
+            utterance.feed.put_nowait(None)
+        if stopped:
+            logger.info("cancel: stopped utterance(s) %s", ", ".join(str(u.index) for u in stopped))
+            self._out.put_nowait(_Cancelled(stopped))
+
+    # --- stage side -----------------------------------------------------------------------
+    async def _plan_source(self) -> AsyncIterator[UtterancePlan]:
+        while (plan := await self._plans.get()) is not None:
+            yield plan
+
+    async def _pump(self, sequence: UtteranceSequence) -> None:
+        try:
+            async with contextlib.aclosing(sequence.events(self._plan_source())) as events:
+                async for event in events:
+                    self._out.put_nowait(event)
+            self._out.put_nowait(_Finished())
+        except Exception as exc:  # noqa: BLE001 - reported in order by responses()
+            self._out.put_nowait(exc)
+
+    # --- responses ------------------------------------------------------------------------
+    def _utterance_end(self, utterance: _StreamedUtterance, reason: int) -> tts_pb2.SynthesizeResponse:
+        utterance.ended = True
+        return self._builder.utterance_end(utterance.record(reason))
+
+    @staticmethod
+    def _observe(done: stages_pb2.TalkerDone) -> None:
+        metrics.TEXT_WAIT_TIME.labels(stage=STAGE).observe(done.text_wait_ms / 1000)
+        if done.stalled_frames:
+            metrics.STALLED_FRAMES.labels(stage=STAGE).inc(done.stalled_frames)
+
+
+__all__ = ["StreamingSession"]

@@ -1,0 +1,192 @@
+"""Exceptions to HTTP statuses and OpenAI error objects, in one place (the HTTP counterpart of
+:mod:`tts_common.serving.rpc_errors`, and built on it: an exception first gets the gRPC status it
+would have, :func:`~tts_common.serving.rpc_errors.grpc_status_for`, then that status its HTTP one).
+
+The body is OpenAI's error object, so the ``openai`` SDK raises its matching exception class::
+
+    {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": "invalid_argument"}}
+
+400 invalid request, 401 no API key, 403 unknown key, 404 unknown voice (or route), 413 body too
+large, 429 at capacity (with ``Retry-After``), 503 a stage unavailable or the server not serving
+(with ``Retry-After``), 504 deadline. ``code`` is the gRPC status name in lower case.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import grpc
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from tts_common import metrics
+from tts_common.errors import PayloadTooLargeError, TTSError
+from tts_common.serving.rpc_errors import grpc_status_for
+
+from ...config import STAGE
+
+logger = logging.getLogger(__name__)
+
+HTTP_STATUS: dict[grpc.StatusCode, int] = {
+    grpc.StatusCode.OK: 200,
+    grpc.StatusCode.INVALID_ARGUMENT: 400,
+    grpc.StatusCode.FAILED_PRECONDITION: 400,
+    grpc.StatusCode.OUT_OF_RANGE: 400,
+    grpc.StatusCode.UNAUTHENTICATED: 401,
+    grpc.StatusCode.PERMISSION_DENIED: 403,
+    grpc.StatusCode.NOT_FOUND: 404,
+    grpc.StatusCode.ALREADY_EXISTS: 409,
+    grpc.StatusCode.ABORTED: 409,
+    grpc.StatusCode.RESOURCE_EXHAUSTED: 429,
+    grpc.StatusCode.CANCELLED: 499,  # the client closed the request (nginx's convention)
+    grpc.StatusCode.UNIMPLEMENTED: 501,
+    grpc.StatusCode.UNAVAILABLE: 503,
+    grpc.StatusCode.DEADLINE_EXCEEDED: 504,
+    grpc.StatusCode.INTERNAL: 500,
+    grpc.StatusCode.UNKNOWN: 500,
+    grpc.StatusCode.DATA_LOSS: 500,
+}
+"""The HTTP status of each gRPC status (Google's API mapping, 413 aside)."""
+
+ERROR_TYPES: dict[int, str] = {
+    400: "invalid_request_error",
+    401: "authentication_error",
+    403: "permission_error",
+    404: "not_found_error",
+    409: "conflict_error",
+    413: "invalid_request_error",
+    429: "rate_limit_error",
+    499: "cancelled",
+    501: "not_implemented_error",
+    503: "service_unavailable_error",
+    504: "timeout_error",
+}
+"""OpenAI error ``type`` by HTTP status (anything else: ``server_error``)."""
+
+RETRY_AFTER_SECONDS = 1
+"""``Retry-After`` of 429 and 503 answers: capacity frees within a request's time."""
+
+# The HTTP statuses of gRPC-less failures (routing, body parsing), by their gRPC counterpart.
+_GRPC_FOR_HTTP = {status: code for code, status in HTTP_STATUS.items() if code is not grpc.StatusCode.ABORTED}
+_GRPC_FOR_HTTP.update({405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.INVALID_ARGUMENT})
+
+
+@dataclass(frozen=True)
+class HttpError:
+    """What an exception becomes on the HTTP API."""
+
+    status: int
+    grpc_code: grpc.StatusCode
+    message: str
+    param: str | None = None
+    headers: dict[str, str] = field(default_factory=dict)
+
+    def body(self) -> dict[str, Any]:
+        """OpenAI's error object."""
+        return {
+            "error": {
+                "message": self.message,
+                "type": ERROR_TYPES.get(self.status, "server_error"),
+                "param": self.param,
+                "code": self.grpc_code.name.lower(),
+            }
+        }
+
+    def response(self) -> JSONResponse:
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def _with_retry_after(status: int) -> dict[str, str]:
+    return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
+
+
+def http_error(exc: BaseException) -> HttpError:
+    """The HTTP status, message and headers of ``exc`` (any exception)."""
+    if isinstance(exc, RequestValidationError):
+        return validation_error(exc.errors())
+    if isinstance(exc, HTTPException):
+        code = _GRPC_FOR_HTTP.get(exc.status_code, grpc.StatusCode.UNKNOWN)
+        return HttpError(
+            exc.status_code,
+            code,
+            str(exc.detail),
+            headers={**(exc.headers or {}), **_with_retry_after(exc.status_code)},
+        )
+    code = grpc_status_for(exc)
+    status = 413 if isinstance(exc, PayloadTooLargeError) else HTTP_STATUS[code]
+    if isinstance(exc, grpc.aio.AioRpcError):
+        message = exc.details() or code.name
+    else:
+        text = str(exc) or type(exc).__name__
+        message = f"internal error: {type(exc).__name__}: {text}" if status == 500 else text
+    return HttpError(status, code, message, headers=_with_retry_after(status))
+
+
+def validation_error(errors: Sequence[Any]) -> HttpError:
+    """FastAPI/pydantic body errors: 400 (OpenAI's status for bad parameters, not 422) naming
+    every offending field; ``param`` is the first one."""
+    parts, params = [], []
+    for error in errors:
+        location = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
+        name = ".".join(location)
+        params.append(name or None)
+        message = error.get("msg", "invalid value")
+        if error.get("type") == "extra_forbidden":
+            message = "unknown field"
+        parts.append(f"{name}: {message}" if name else message)
+    return HttpError(
+        400,
+        grpc.StatusCode.INVALID_ARGUMENT,
+        "invalid request: " + "; ".join(parts),
+        param=params[0] if params else None,
+    )
+
+
+def log_and_count(error: HttpError, exc: BaseException | None, where: str) -> None:
+    """Log a failed request (internal errors with their traceback) and count its final status
+    in ``qwen3tts_requests_total`` (the same counter and labels as gRPC)."""
+    if error.status >= 500 and error.grpc_code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
+        logger.error("%s failed: %s", where, error.message, exc_info=exc)
+    else:
+        logger.info("%s failed: %d %s: %s", where, error.status, error.grpc_code.name, error.message)
+    count(error.grpc_code)
+
+
+def count(code: grpc.StatusCode) -> None:
+    """Count a finished HTTP request by its (gRPC) status name."""
+    metrics.REQUESTS.labels(stage=STAGE, status=code.name).inc()
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Every exception a route raises (ours, FastAPI's validation, Starlette's routing) becomes
+    an OpenAI error response."""
+
+    async def handle(request: Request, exc: Exception) -> JSONResponse:
+        error = http_error(exc)
+        log_and_count(error, exc, f"{request.method} {request.url.path}")
+        return error.response()
+
+    app.add_exception_handler(RequestValidationError, handle)
+    app.add_exception_handler(HTTPException, handle)
+    app.add_exception_handler(TTSError, handle)
+    # Anything else is a bug: answered the same way, and re-raised by Starlette's outermost
+    # middleware so that the server logs it too.
+    app.add_exception_handler(Exception, handle)
+
+
+__all__ = [
+    "ERROR_TYPES",
+    "HTTP_STATUS",
+    "RETRY_AFTER_SECONDS",
+    "HttpError",
+    "count",
+    "http_error",
+    "install_error_handlers",
+    "log_and_count",
+    "validation_error",
+]

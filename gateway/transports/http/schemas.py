@@ -1,0 +1,104 @@
+"""Request bodies of the HTTP API (pydantic): OpenAI's ``POST /v1/audio/speech`` body plus our own
+fields (what the ``openai`` SDK sends as ``extra_body``).
+
+Our fields keep the spelling of the gRPC ``SynthesizeRequest`` (one spelling per field): the
+sampling fields are generated from ``SamplingOptions`` itself, so a new sampling field is accepted
+here without a second list. Types and ranges a JSON value can violate are checked here; everything
+else (what the served model accepts, value ranges, limits) by the shared validator
+(:func:`tts_common.synthesis.validation.plan_synthesis`) once the body is mapped onto a
+``SynthesizeRequest`` (:mod:`.speech`).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from google.protobuf.descriptor import FieldDescriptor
+from pydantic import BaseModel, ConfigDict, Field, create_model
+
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+
+from .formats import FormatName, StreamFormat
+
+TextFeedingName = Literal["default", "non_streaming", "streaming"]
+TEXT_FEEDINGS: dict[str, int] = {
+    "default": tts_pb2.TEXT_FEEDING_DEFAULT,
+    "non_streaming": tts_pb2.TEXT_FEEDING_NON_STREAMING,
+    "streaming": tts_pb2.TEXT_FEEDING_STREAMING,
+}
+
+
+class VoiceRef(BaseModel):
+    """OpenAI's custom-voice form of ``voice``: ``{"id": "voice-..."}``."""
+
+    model_config = ConfigDict(extra="forbid")
+    id: str
+
+
+class _SpeechRequestBase(BaseModel):
+    """OpenAI's body and the fields mirroring ``SynthesizeRequest`` (sampling fields are added
+    by :data:`SpeechRequest`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str = Field(
+        "",
+        description="A served model (GET /v1/models) or an alias of one; absent or empty: the default model. "
+        "Unknown: 404 listing the served models.",
+    )
+    input: str = Field(description="The text to speak.")
+    voice: str | VoiceRef = Field(
+        description="A preset speaker, a registered voice id, or an alias (--voice-alias); "
+        "ignored by voice_design models (describe the voice in `instructions`)."
+    )
+    instructions: str = Field("", description="Style/voice instruction (SynthesizeRequest.instruct).")
+    response_format: FormatName = "mp3"
+    speed: float = Field(1.0, description="Time-scale factor in [0.25, 4.0]; 1.0 = unchanged.")
+    stream_format: StreamFormat = "audio"
+    # Our fields (the SDK's extra_body), spelt as in SynthesizeRequest.
+    request_id: str = ""
+    language: str = ""
+    text_feeding: TextFeedingName = "default"
+    sample_rate: int = Field(0, ge=0, le=2**31 - 1, description="Output rate; 0 = the format's default.")
+    first_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
+    max_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
+
+
+_INT_RANGES = {
+    FieldDescriptor.TYPE_INT32: (-(2**31), 2**31 - 1),
+    FieldDescriptor.TYPE_INT64: (-(2**63), 2**63 - 1),
+    FieldDescriptor.TYPE_UINT32: (0, 2**32 - 1),
+    FieldDescriptor.TYPE_UINT64: (0, 2**64 - 1),
+}
+
+
+def _sampling_fields() -> dict[str, Any]:
+    """One optional body field per ``SamplingOptions`` field, typed after the proto."""
+    fields: dict[str, Any] = {}
+    for proto_field in tts_pb2.SamplingOptions.DESCRIPTOR.fields:
+        kind = proto_field.type
+        if kind == FieldDescriptor.TYPE_BOOL:
+            fields[proto_field.name] = (bool | None, None)
+        elif kind in (FieldDescriptor.TYPE_DOUBLE, FieldDescriptor.TYPE_FLOAT):
+            fields[proto_field.name] = (float | None, None)
+        elif kind in _INT_RANGES:
+            low, high = _INT_RANGES[kind]
+            fields[proto_field.name] = (int | None, Field(None, ge=low, le=high))
+        else:  # a new kind of sampling field needs a decision here, not a silent omission
+            raise TypeError(f"SamplingOptions.{proto_field.name}: unsupported proto type {kind}")
+    return fields
+
+
+SAMPLING_FIELDS: tuple[str, ...] = tuple(f.name for f in tts_pb2.SamplingOptions.DESCRIPTOR.fields)
+"""The body fields that form ``SynthesizeRequest.sampling``."""
+
+SpeechRequest: type[_SpeechRequestBase] = create_model(  # type: ignore[call-overload]
+    "SpeechRequest",
+    __base__=_SpeechRequestBase,
+    __doc__="The body of POST /v1/audio/speech.",
+    **_sampling_fields(),
+)
+"""The body of ``POST /v1/audio/speech`` (unknown fields are rejected, naming them)."""
+
+
+__all__ = ["SAMPLING_FIELDS", "TEXT_FEEDINGS", "SpeechRequest", "TextFeedingName", "VoiceRef"]
