@@ -203,7 +203,9 @@ def http_wav(base_url: str, speaker: str) -> int:
     """POST /v1/audio/speech for a WAV: its number of samples (24 kHz, mono, non-empty)."""
     with urllib.request.urlopen(f"{base_url}/health", timeout=10) as reply:
         assert reply.status == 200
-    body = {"model": "qwen3-tts", "input": "Hello world.", "voice": speaker, "response_format": "wav",
+    with urllib.request.urlopen(f"{base_url}/v1/models", timeout=10) as reply:
+        model = json.loads(reply.read())["data"][0]["id"]  # the served model, as a client finds it
+    body = {"model": model, "input": "Hello world.", "voice": speaker, "response_format": "wav",
             "max_new_tokens": 20}  # fmt: skip
     request = urllib.request.Request(
         f"{base_url}/v1/audio/speech",
