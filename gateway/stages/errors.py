@@ -14,6 +14,11 @@ timeout), is shutting down or not ready, or cancelled the call itself. Every oth
 the stage's verdict on the request and reaches the client."""
 
 
+LOCAL_SEND_FAILURE = "Internal error from Core"
+"""The details grpc's asyncio client gives a call whose message it could not send (its
+``set_internal_error``: the status is INTERNAL, but no server said so)."""
+
+
 def is_connection_failure(code: grpc.StatusCode) -> bool:
     """Whether a stage call that ended with ``code`` should move to another replica."""
     return code in CONNECTION_FAILURES
@@ -67,6 +72,14 @@ class StageError(TTSError):
 
     @classmethod
     def from_rpc_error(cls, stage: str, exc: grpc.aio.AioRpcError) -> StageError:
+        """The error of a failed stage call. grpc-core failing to send on a connection that
+        broke (the replica died mid-stream; every later read of the call reports it too) is a
+        connection failure, which another replica may take over; any other status is the
+        stage's."""
+        if exc.code() is grpc.StatusCode.INTERNAL and exc.details() == LOCAL_SEND_FAILURE:
+            return cls(
+                stage, grpc.StatusCode.UNAVAILABLE, f"sending to it failed ({exc.debug_error_string()})"
+            )
         return cls(stage, exc.code(), exc.details() or exc.code().name)
 
     def final(self, details: str) -> StageError:
@@ -74,4 +87,4 @@ class StageError(TTSError):
         return StageError(self.stage, self.code, details, connection_failure=False)
 
 
-__all__ = ["CONNECTION_FAILURES", "StageError", "is_connection_failure"]
+__all__ = ["CONNECTION_FAILURES", "LOCAL_SEND_FAILURE", "StageError", "is_connection_failure"]

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from prometheus_client import REGISTRY
 
 from gateway.config import FailoverPolicy
+from gateway.stages.errors import LOCAL_SEND_FAILURE
 from gateway.stages.failover import FrameLog, call_with_failover, is_connection_failure, trim_pcm
 from gateway.stages.pipeline import StageError, SynthesisPipeline
 from gateway.stages.routing import Endpoint, StageClient, tie_readiness
@@ -488,6 +489,23 @@ def test_connection_failures_are_unavailable_and_cancelled_only() -> None:
         assert is_connection_failure(code) == (
             code in (grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.CANCELLED)
         )
+
+
+def _rpc_error(code: grpc.StatusCode, details: str) -> grpc.aio.AioRpcError:
+    return grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, "debug")
+
+
+def test_a_message_grpc_could_not_send_fails_over_and_a_stages_own_status_does_not() -> None:
+    """grpc's asyncio client reports a message it could not send on a broken connection (the
+    replica died mid-stream) as INTERNAL "Internal error from Core", on that write and on every
+    later read of the call: a connection failure."""
+    broken = StageError.from_rpc_error("talker", _rpc_error(grpc.StatusCode.INTERNAL, LOCAL_SEND_FAILURE))
+    assert broken.connection_failure and broken.code is grpc.StatusCode.UNAVAILABLE
+    assert "talker stage unavailable" in str(broken)
+    for code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.INVALID_ARGUMENT):
+        verdict = StageError.from_rpc_error("talker", _rpc_error(code, "the stage's own words"))
+        assert not verdict.connection_failure and verdict.code is code
+        assert "the stage's own words" in str(verdict)
 
 
 def test_keepalive_and_connection_age_options() -> None:

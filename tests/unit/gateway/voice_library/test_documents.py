@@ -146,10 +146,10 @@ def write_legacy_voice(directory: Path, seed: int, *, x_vector_only: bool = Fals
             ref_text="" if x_vector_only else "legacy words",
             ref_audio_seconds=2.5,
             created_at=created,
+            model="Qwen3-TTS-12Hz-0.6B-Base",
         ),
         speaker_embedding=rng.standard_normal(16).astype(np.float32).tolist(),
         ref_codes=codes,
-        model_name="Qwen3-TTS-12Hz-0.6B-Base",
         audio_sha256="ab" * 32,
     )
     (directory / f"{voice.voice_id}.json").write_text(json.dumps(voice.to_json()))
