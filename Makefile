@@ -6,7 +6,7 @@ BIN := $(VENV)/bin
 # CPU torch pinned for dev and CI: an unpinned `torch` can pull a multi-GB CUDA build.
 TORCH_SPEC ?= torch==2.13.0
 
-.PHONY: install up test test-fast lint format protos protos-check bench clean
+.PHONY: install up test test-fast compose-test lint format protos protos-check bench clean
 
 $(BIN)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -22,6 +22,13 @@ up: install
 
 test: install lint
 	$(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+# deploy/ on a real container engine: the image built, `docker compose up` (CPU override) served
+# and checked, a killed container restarted by compose (tests/integration/compose_engine_check.py;
+# scripts/container_engine.sh finds or sets up the engine). Skips, saying why, where no engine can
+# be had. Not part of `make test`; .ci/run runs both.
+compose-test: install
+	$(BIN)/python -m pytest -q -s tests/integration/compose_engine_check.py $(PYTEST_ARGS)
 
 # Lint and format check (ruff, configured in pyproject.toml); `make format` rewrites the files.
 lint: install

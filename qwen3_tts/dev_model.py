@@ -10,7 +10,9 @@ random (seeded): the audio is noise-like, but every stage, shape and id path is 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -203,14 +205,28 @@ def make_dev_model(
     root = Path(path)
     if if_missing and (root / "config.json").is_file():
         return root
+    # Written into a staging folder inside ``root``, then moved into place file by file with
+    # config.json last: ``root`` may be a volume's mount point (the image's /models/checkpoint),
+    # which can be filled but never removed or renamed over (EBUSY), and a folder without
+    # config.json reads as no checkpoint, so an interrupted write is redone, never loaded.
+    root.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".dev-model-", dir=root))
+    try:
+        _write_checkpoint(staging, model_type, seed, size)
+        (root / "config.json").unlink(missing_ok=True)  # incomplete until the new one lands
+        _move_files_into(staging, root, last="config.json")
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return root
+
+
+def _write_checkpoint(folder: Path, model_type: str, seed: int, size: str) -> None:
+    """Every file of the dev checkpoint, written into the empty ``folder``."""
     model_cfg_dict = dev_model_config(model_type, size)
     st_cfg_dict = dev_speech_tokenizer_config(size)
     model_cfg = Qwen3TTSConfig.from_dict(model_cfg_dict)
     st_cfg = SpeechTokenizerConfig.from_dict(st_cfg_dict)
-    tmp = root.with_name(root.name + ".partial")
-    if tmp.exists():
-        shutil.rmtree(tmp)
-    (tmp / "speech_tokenizer").mkdir(parents=True)
+    (folder / "speech_tokenizer").mkdir()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         main = _talker_state(model_cfg)
@@ -220,24 +236,33 @@ def make_dev_model(
             main |= {k: v.to(torch.bfloat16).contiguous() for k, v in spk.items()}
         tokenizer_state = _decoder_state(st_cfg)
         tokenizer_state |= CodecEncoder.random_state_dict(st_cfg.encoder_config, seed=seed)
-    save_file(main, str(tmp / "model.safetensors"), metadata={"format": "pt"})
+    save_file(main, str(folder / "model.safetensors"), metadata={"format": "pt"})
     save_file(
         {k: v.contiguous() for k, v in tokenizer_state.items()},
-        str(tmp / "speech_tokenizer" / "model.safetensors"),
+        str(folder / "speech_tokenizer" / "model.safetensors"),
         metadata={"format": "pt"},
     )
-    (tmp / "config.json").write_text(json.dumps(model_cfg_dict | {"dtype": "bfloat16"}, indent=2))
-    (tmp / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
-    (tmp / "speech_tokenizer" / "config.json").write_text(
+    (folder / "config.json").write_text(json.dumps(model_cfg_dict | {"dtype": "bfloat16"}, indent=2))
+    (folder / "generation_config.json").write_text(json.dumps(GENERATION_CONFIG, indent=2))
+    (folder / "speech_tokenizer" / "config.json").write_text(
         json.dumps(st_cfg_dict | {"dtype": "float32"}, indent=2)
     )
     for name in ("vocab.json", "merges.txt", "tokenizer_config.json"):
-        shutil.copy(ASSETS / name, tmp / name)
-    shutil.copy(ASSETS / "preprocessor_config.json", tmp / "speech_tokenizer" / "preprocessor_config.json")
-    (tmp / "dev_model.json").write_text(
+        shutil.copy(ASSETS / name, folder / name)
+    shutil.copy(ASSETS / "preprocessor_config.json", folder / "speech_tokenizer" / "preprocessor_config.json")
+    (folder / "dev_model.json").write_text(
         json.dumps({"type": model_type, "seed": seed, "random": True, "size": size}, indent=2)
     )
-    if root.exists():
-        shutil.rmtree(root)
-    tmp.rename(root)
-    return root
+
+
+def _move_files_into(source: Path, target: Path, last: str) -> None:
+    """Move every file under ``source`` to the same relative path under ``target`` (each an
+    atomic rename on one filesystem, replacing what is there), ``source/last`` after all others.
+    Each is made readable by everyone first (safetensors writes 0600), so that a checkpoint made
+    by one user loads in processes of another (the image runs as uid 10001)."""
+    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p == source / last)
+    for file in files:
+        destination = target / file.relative_to(source)
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        file.chmod(0o644)
+        os.replace(file, destination)

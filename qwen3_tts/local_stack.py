@@ -1,11 +1,12 @@
 """``qwen3-tts up``: the stage processes on this machine, on loopback, until interrupted.
 
 One model (``--model DIR``, or the embedded dev checkpoint) is the classic four processes: talker,
-decoder, speaker, gateway. Registered voices last across runs in the gateway's voice library
-(``--voices-db``, a SQLite file under ``.qwen3-tts/`` by default). Several (``--model DIR --model NAME=DIR2 ...``, or
+decoder, speaker, gateway. Several (``--model DIR --model NAME=DIR2 ...``, or
 ``--dev-model-type voice_design,base,custom_voice``) run one talker per model, a speaker stage
 for each Base model, and one decoder pool for all of them (their speech tokenizers must match:
-the gateway checks), behind one gateway that serves each model by name.
+the gateway checks), behind one gateway that serves each model by name. Registered voices last
+across runs in the gateway's voice library (``--voices-db``, a SQLite file under ``.qwen3-tts/``
+by default).
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from pathlib import Path
 
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
+
+from .supervision import Supervisor
 
 SHARED_HOST_ENV: dict[str, str] = {"OMP_WAIT_POLICY": "PASSIVE"}
 """Environment defaults of every child: the model stages share this host's cores, each with all of
@@ -192,6 +195,14 @@ def replica_name(stage: str, index: int) -> str:
     return stage if index == 0 else f"{stage}-{index + 1}"
 
 
+def replica_group(stage: StageProcess) -> str:
+    """The processes ``stage`` is one replica among: its stage, and its model's name where it
+    serves a named one (``talker (model base)``). ``up`` stops when every replica of a group is
+    lost: one model's talkers, the decoder pool, a Base model's speakers."""
+    kind = stage_of(stage.name)
+    return kind if stage.model is None else f"{kind} (model {stage.model})"
+
+
 def stage_of(name: str) -> str:
     """The stage a process name of :func:`replica_name` runs: talker-2 -> talker."""
     return name.split("-")[0]
@@ -298,15 +309,57 @@ def is_replicated(name: str) -> bool:
     return stage_of(name) in ("talker", "decoder")
 
 
-RESTART_MIN_UPTIME_S = 10.0
-"""A replica that exits sooner after its start is crash-looping: the stack stops instead."""
+PORT_FLAGS = {"--port": "--base-port", "--http-port": "--http-port", "--metrics-port": "--metrics"}
+"""Each listening flag of a stage process -> the ``up`` flag that moves that port (the gateway's
+own ``--port`` is ``up``'s ``--port``)."""
+
+PORT_ADVICE = {
+    "--base-port": "move the stage ports with --base-port (the stages use consecutive ports from it)",
+    "--port": "move the gateway with --port",
+    "--http-port": "move the HTTP API with --http-port (0 turns it off)",
+    "--metrics": "the metrics ports are fixed (9091 on): run without --metrics",
+}
 
 
-def should_restart(name: str, replicas: int, seconds_up: float) -> bool:
-    """Whether ``qwen3-tts up`` restarts process ``name`` that exited after ``seconds_up``:
-    only a talker or decoder replica of a replicated stack (its streams failed over to the other
-    replicas), and only if it was not crash-looping; anything else stops the stack."""
-    return replicas > 1 and is_replicated(name) and seconds_up > RESTART_MIN_UPTIME_S
+def listeners(stage: StageProcess) -> list[tuple[str, int, str]]:
+    """(host, port, the ``up`` flag that moves it) of every port ``stage`` will listen on."""
+    args = stage.args
+    host = args[args.index("--host") + 1] if "--host" in args else "127.0.0.1"
+    found = []
+    for flag, up_flag in PORT_FLAGS.items():
+        if flag in args and int(port := args[args.index(flag) + 1]):
+            if flag == "--port" and stage_of(stage.name) == "gateway":
+                up_flag = "--port"
+            # the metrics endpoint binds every interface (ServerConfig.metrics_host)
+            found.append(("0.0.0.0" if flag == "--metrics-port" else host, int(port), up_flag))
+    return found
+
+
+def port_taken(host: str, port: int) -> bool:
+    """Whether a listener already holds ``port`` on ``host`` (TIME_WAIT leftovers do not count,
+    as they do not stop the servers, which bind with SO_REUSEADDR)."""
+    family, kind, proto, _, address = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(address)
+        except OSError:
+            return True
+    return False
+
+
+def busy_port(stages: list[StageProcess]) -> str | None:
+    """Why the stack cannot start here, naming the first port already taken and the flag that
+    moves it, or None when every port is free (two stacks on one machine must not share ports:
+    requests would reach the other stack's processes)."""
+    for stage in stages:
+        for host, port, flag in listeners(stage):
+            if port_taken(host, port):
+                return (
+                    f"port {port} ({stage.name}) is already in use on {host} (another "
+                    f"`qwen3-tts up`?): {PORT_ADVICE[flag]}"
+                )
+    return None
 
 
 def is_serving(address: str, timeout: float = 1.0) -> bool:
@@ -441,30 +494,21 @@ def run_local_stack(args: argparse.Namespace) -> int:
         http_port=args.http_port,
         voices_db=args.voices_db,
     )
+    busy = busy_port(stages)
+    if busy is not None:
+        print(f"qwen3-tts up: {busy}", file=sys.stderr)
+        return 2
     env = stage_environment(os.environ)
     stop = StopRequest()
-    started: dict[str, float] = {}
+
+    def start(stage: StageProcess) -> None:
+        stage.process = subprocess.Popen(stage.args, env=env)
+
     try:
         for stage in stages:
-            stage.process = subprocess.Popen(stage.args, env=env)
-            started[stage.name] = time.monotonic()
-        wait_until_serving(stages, timeout=600, stop=stop)
-        if not stop.requested:
-            print(ready_message(args, models), flush=True)
-        while not stop.requested:
-            for stage in stages:
-                assert stage.process is not None
-                if stage.process.poll() is None or stop.settle():
-                    continue
-                code = stage.process.returncode
-                if should_restart(stage.name, replicas, time.monotonic() - started[stage.name]):
-                    print(f"{stage.name} exited with code {code}; restarting it", file=sys.stderr, flush=True)
-                    stage.process = subprocess.Popen(stage.args, env=env)
-                    started[stage.name] = time.monotonic()
-                    continue
-                print(f"{stage.name} exited with code {code}; stopping", file=sys.stderr)
-                return 1
-            time.sleep(0.5)
-        return 0
+            start(stage)
+        groups = {stage.name: replica_group(stage) for stage in stages}
+        supervisor = Supervisor(stages, groups.__getitem__, start, is_serving)
+        return supervisor.run(stop, lambda: print(ready_message(args, models), flush=True), start_timeout=600)
     finally:
         stop_all(stages, already_signalled=stop.signal is signal.SIGINT)

@@ -11,8 +11,11 @@ interact with. Two properties bound that reach:
   the second half of any canonical composition. Then ``NFC(a + c + b) == NFC(a) + NFC(c + b)``
   for all ``a``, ``b``.
 * :func:`boundary_after` (``c``): nothing after ``c`` ever interacts with ``c`` or anything before
-  it -- ``c`` decomposes to a sequence ending with a starter that is not the first half of any
-  canonical composition. Then ``NFC(a + c + b) == NFC(a + c) + NFC(b)``.
+  it -- ``c`` decomposes to a sequence ending with a starter that is neither half of any
+  canonical composition. Then ``NFC(a + c + b) == NFC(a + c) + NFC(b)``. Not a second half
+  either, since compositions chain: a vowel jamo composes with the consonant before it into an
+  LV syllable, which composes with a trailing consonant after it (ᄀ + ᅡ + ᆨ is 각), and Kannada's
+  U+0CC2 likewise (U+0CC6 U+0CC2 is U+0CCA, which composes with U+0CD5).
 
 The composition pairs are read from this Python's Unicode database (a one-time scan of all code
 points, ~0.5 s: :func:`warm` runs it at model load, off the engine thread). A tokenizer library
@@ -90,9 +93,9 @@ def boundary_after(ch: str) -> bool:
     if not _assigned(ch):
         return False
     tail = unicodedata.normalize("NFD", ch)[-1]
-    first, _ = _composition_halves()
+    first, second = _composition_halves()
     composed = unicodedata.normalize("NFC", ch)
-    return unicodedata.combining(tail) == 0 and not ({tail, ch, composed[-1]} & first)
+    return unicodedata.combining(tail) == 0 and not ({tail, ch, composed[-1]} & (first | second))
 
 
 def is_split_space(ch: str) -> bool:

@@ -40,6 +40,8 @@ DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker":
 MODEL_STAGES = ("talker", "decoder", "speaker")
 MODEL_PATH = "/models/checkpoint"
 VOICES_PATH = "/var/lib/qwen3tts/voices"
+COMPILE_CACHE_PATH = "/var/cache/qwen3tts"
+"""Where the image's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR live: a volume in the talker."""
 PROCESS_FLAGS = {
     "talker": "talker_service.config",
     "decoder": "decoder_service.config",

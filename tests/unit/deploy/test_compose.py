@@ -43,6 +43,7 @@ from gateway.config import DEFAULT_HTTP_PORT
 from gateway.core.library import library_target
 from gateway.voice_library import SqliteVoiceLibrary, create_voice_library
 from tests.helpers.compose import (
+    COMPILE_CACHE_PATH,
     COMPOSE_FILE,
     CPU_OVERRIDE,
     DEFAULT_PORTS,
@@ -207,18 +208,20 @@ def test_every_service_is_complete(variant: tuple[str, dict[str, Any]]) -> None:
     procs = processes(model)
     assert {stage for stage, _ in procs.values()} == set(DEFAULT_PORTS)
     for name, svc in services.items():
-        assert svc.get("image") and svc.get("build"), f"{name}: needs image and build"
-        assert svc["build"]["dockerfile"] == "deploy/Dockerfile"
-        assert (COMPOSE_FILE.parent / svc["build"]["context"]).resolve() == REPO
+        assert svc.get("image"), f"{name}: needs an image"
         if name in procs:
             assert svc.get("restart") == "unless-stopped", name
             assert "healthcheck" in svc, name
             assert svc.get("cap_drop") == ["ALL"], name
         else:  # one-shot helpers must not be restarted in a loop
             assert svc.get("restart") == "no", name
-    # One image for everything: every service builds the same thing.
+    # One image for everything, built once: by model-init, which runs before every other service
+    # (so `up --build` builds it once, and no service tries to pull it).
     assert len({svc["image"] for svc in services.values()}) == 1
-    assert len({json.dumps(svc["build"], sort_keys=True) for svc in services.values()}) == 1
+    assert [name for name, svc in services.items() if "build" in svc] == ["model-init"]
+    build = services["model-init"]["build"]
+    assert build["dockerfile"] == "deploy/Dockerfile"
+    assert (COMPOSE_FILE.parent / build["context"]).resolve() == REPO
 
 
 def test_healthchecks_speak_grpc_health_on_each_process_port(variant: tuple[str, dict[str, Any]]) -> None:
@@ -296,8 +299,9 @@ def test_gpu_reservations(variant: tuple[str, dict[str, Any]]) -> None:
             assert env[f"QWEN3TTS_{stage.upper()}_DEVICE"] == "cpu"
             assert env[f"QWEN3TTS_{stage.upper()}_DTYPE"] == "float32"
     if name == "cpu":
+        build = model["services"]["model-init"]["build"]
+        assert "download.pytorch.org/whl/cpu" in build["args"]["TORCH_INDEX_URL"]
         for svc in model["services"].values():
-            assert "download.pytorch.org/whl/cpu" in svc["build"]["args"]["TORCH_INDEX_URL"]
             assert svc["image"].endswith(":cpu")
 
 
@@ -373,6 +377,22 @@ def test_model_volume(variant: tuple[str, dict[str, Any]]) -> None:
     assert len(sources) == 1, "every stage must load the same checkpoint"
 
 
+def test_the_talker_compile_cache_is_a_volume(variant: tuple[str, dict[str, Any]]) -> None:
+    """torch.compile's and Triton's kernels (the image's cache variables point under
+    COMPILE_CACHE_PATH, tests/unit/deploy/test_dockerfile.py) land on a named, writable volume in
+    the talker, so a restarted or recreated talker does not compile again during warm-up; the
+    other processes compile nothing and mount nothing there."""
+    _, model = variant
+    for name, (stage, _) in processes(model).items():
+        mounts = {v["target"]: v for v in model["services"][name].get("volumes") or []}
+        if stage != "talker":
+            assert COMPILE_CACHE_PATH not in mounts, name
+            continue
+        cache = mounts[COMPILE_CACHE_PATH]
+        assert cache["type"] == "volume" and cache["source"] in (model.get("volumes") or {})
+        assert not cache.get("read_only")
+
+
 def test_commands_parse_with_the_real_process_flags(variant: tuple[str, dict[str, Any]]) -> None:
     """Each command line + environment is accepted by the process's own parser and yields the
     intended model, device, dtype and stage targets."""
@@ -408,7 +428,7 @@ def test_commands_parse_with_the_real_process_flags(variant: tuple[str, dict[str
 def test_model_dir_variable_switches_to_a_read_only_bind_mount() -> None:
     model = load_compose([COMPOSE_FILE], {"QWEN3TTS_MODEL_DIR": "/srv/Qwen3-TTS-12Hz-0.6B"})
     for name in MODEL_STAGES:
-        (volume,) = model["services"][name]["volumes"]
+        (volume,) = [v for v in model["services"][name]["volumes"] if v["target"] == MODEL_PATH]
         assert volume == {
             "type": "bind",
             "source": "/srv/Qwen3-TTS-12Hz-0.6B",
@@ -589,3 +609,29 @@ def test_files_validate_against_the_compose_schema() -> None:
         assert not errors, f"{compose_file.name}: " + "; ".join(
             f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in errors
         )
+
+
+def test_the_compose_check_overrides_only_where_the_build_gets_torch() -> None:
+    """`make compose-test` runs the README's CPU command plus one override of its own
+    (tests/integration/compose_engine.override.yml), which may only say where this machine's
+    build gets CPU torch and on which network: nothing about how the stack runs, so the check
+    runs what users run."""
+    override = load_yaml(REPO / "tests" / "integration" / "compose_engine.override.yml")
+    assert set(override) == {"services"}
+    assert set(override["services"]) == {"model-init"}, "the one service that builds"
+    (key,) = override["services"]["model-init"]
+    assert key == "build"
+    build = override["services"]["model-init"]["build"]
+    assert set(build) <= {"network", "args"} and set(build.get("args") or {}) <= {"TORCH_INDEX_URL"}
+    resolved = load_compose(
+        [*VARIANTS["cpu"], REPO / "tests" / "integration" / "compose_engine.override.yml"], {}
+    )
+    plain = load_compose(VARIANTS["cpu"], {})
+    for name, service in plain["services"].items():
+        assert {k: v for k, v in resolved["services"][name].items() if k != "build"} == {
+            k: v for k, v in service.items() if k != "build"
+        }, name
+    assert (
+        resolved["services"]["model-init"]["build"]["args"]["TORCH_INDEX_URL"]
+        == (plain["services"]["model-init"]["build"]["args"]["TORCH_INDEX_URL"])
+    ), "unset, the CPU override's own index"

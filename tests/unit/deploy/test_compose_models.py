@@ -13,6 +13,7 @@ import pytest
 
 from gateway.config import ModelRoute
 from tests.helpers.compose import (
+    COMPILE_CACHE_PATH,
     COMPOSE_FILE,
     CPU_OVERRIDE,
     DEPLOY,
@@ -70,8 +71,8 @@ def test_every_model_has_its_stages_and_the_gateway_names_them(name: str) -> Non
     sources = {}
     for added in ADDED:
         service = services[added]
-        (volume,) = service["volumes"]
-        assert (volume["target"], volume.get("read_only")) == (MODEL_PATH, True)
+        (volume,) = [v for v in service["volumes"] if v["target"] == MODEL_PATH]
+        assert volume.get("read_only")
         sources[added] = volume["source"]
         assert (
             not service.get("ports")
@@ -132,3 +133,22 @@ def test_files_validate_against_the_compose_schema() -> None:
         data = _strip_tags(interpolate_tree(load_yaml(path), {}))
         errors = sorted(jsonschema.Draft7Validator(schema).iter_errors(data), key=str)
         assert not errors, f"{path.name}: " + "; ".join(e.message for e in errors)
+
+
+@pytest.mark.parametrize("name", sorted(VARIANTS))
+def test_every_talker_keeps_its_compile_cache_on_the_volume(name: str) -> None:
+    """The added models' talkers compile on CUDA like the stack's: the same writable named
+    volume at COMPILE_CACHE_PATH (the image's TORCHINDUCTOR_CACHE_DIR / TRITON_CACHE_DIR)."""
+    model = load_compose(VARIANTS[name], {})
+    talkers = [
+        s
+        for s, svc in model["services"].items()
+        if process_module(svc.get("command") or []) == "talker_service"
+    ]
+    assert len(talkers) == 3
+    for service in talkers:
+        mounts = {v["target"]: v for v in model["services"][service]["volumes"]}
+        cache = mounts[COMPILE_CACHE_PATH]
+        assert (
+            cache["type"] == "volume" and cache["source"] in model["volumes"] and not cache.get("read_only")
+        )

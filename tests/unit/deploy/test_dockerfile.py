@@ -5,7 +5,7 @@
   the project: torch from TORCH_INDEX_URL at the Makefile's version before ``pip install`` of the
   repository, the import check naming every package of pyproject, the ``qwen3-tts`` console
   script, the entrypoint, a non-root numeric USER, EXPOSE of the gRPC ports.
-* deploy/Dockerfile.dockerignore is applied to the repository with Docker's matching rules
+* the repository's .dockerignore is applied to the repository with Docker's matching rules
   (re-implemented here) and the resulting build context is built into a wheel with pip, which
   must contain every package and the console script: what `pip install /src` gets in the image.
 * deploy/docker-entrypoint.sh is run with a stand-in ``qwen3-tts`` on PATH: dev checkpoint created
@@ -31,11 +31,12 @@ from pathlib import Path
 import pytest
 import tomllib
 
+from tests.helpers.compose import COMPILE_CACHE_PATH
 from tests.helpers.tools import find_tool
 
 REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
-DOCKERIGNORE = REPO / "deploy" / "Dockerfile.dockerignore"
+DOCKERIGNORE = REPO / ".dockerignore"
 ENTRYPOINT = REPO / "deploy" / "docker-entrypoint.sh"
 STAGE_PACKAGES = ("talker_service", "decoder_service", "speaker_service", "gateway")
 DEFAULT_PORTS = (50051, 50052, 50053, 50054)
@@ -305,6 +306,35 @@ def test_runtime_stage(instructions: list[Instruction]) -> None:
     assert "mkdir -p /models/checkpoint" in setup and "chown -R app:app /models" in setup
 
 
+def test_runtime_has_what_triton_compiles_with(instructions: list[Instruction]) -> None:
+    """On CUDA the talker's torch.compile(flex_attention) runs Triton during warm-up, and Triton
+    builds its kernel launchers with the C compiler (``cc``) against Python.h and libc's headers:
+    the runtime stage installs a compiler and libc6-dev, and its build fails unless the compiler
+    finds Python.h where this Python keeps it (the compose check builds and imports an extension
+    in the running talker container)."""
+    runtime = [i for i in final_stage(instructions) if i.keyword == "RUN"]
+    installs = [i.args for i in runtime if "apt-get install" in i.args]
+    assert installs, "the runtime stage installs its packages with apt-get"
+    packages = set(" ".join(installs).split())
+    assert packages & {"gcc", "clang", "build-essential"}, "no C compiler for Triton"
+    assert "libc6-dev" in packages or "build-essential" in packages, "no libc headers for Triton"
+    (probe,) = [i.args for i in runtime if "#include <Python.h>" in i.args]
+    assert re.search(r"\bcc -fsyntax-only -I \"\$\(python -c .*sysconfig.get_paths\(\)\[\"include\"\]", probe)
+
+
+def test_compile_cache_has_a_home_of_its_own(instructions: list[Instruction]) -> None:
+    """torch's and Triton's caches point under COMPILE_CACHE_PATH (a volume in compose and
+    Kubernetes, see test_compose.py and test_k8s.py), a directory the image's user owns so that a
+    fresh volume mounted there is writable; not /tmp, which an emptyDir or a new container empties."""
+    runtime = final_stage(instructions)
+    env = dict(re.findall(r"(\w+)=(\S+)", " ".join(i.args for i in runtime if i.keyword == "ENV")))
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+        assert env[variable].startswith(COMPILE_CACHE_PATH + "/"), variable
+    setup = " ".join(i.args for i in runtime if i.keyword == "RUN")
+    assert re.search(rf"mkdir -p [^&]*{re.escape(COMPILE_CACHE_PATH)}\b", setup)
+    assert re.search(rf"chown -R app:app [^&]*{re.escape(COMPILE_CACHE_PATH)}\b", setup)
+
+
 def test_non_root_user(instructions: list[Instruction]) -> None:
     users = [i for i in final_stage(instructions) if i.keyword == "USER"]
     assert users, "the runtime stage must switch to a non-root user"
@@ -337,6 +367,15 @@ def test_stage_modules_are_packages() -> None:
 
 # ---------------------------------------------------------------------------------------------
 # Build context and what `pip install /src` installs
+
+
+def test_one_context_filter_that_every_builder_reads() -> None:
+    """Compose's classic builder (and Podman's) read only <context>/.dockerignore; BuildKit would
+    prefer a deploy/Dockerfile.dockerignore over it. One file at the context root, none beside the
+    Dockerfile, so every builder sends the same small context."""
+    assert DOCKERIGNORE.is_file()
+    assert not (REPO / "deploy" / "Dockerfile.dockerignore").exists()
+    assert not (REPO / "deploy" / ".dockerignore").exists()
 
 
 def test_build_context_is_the_package_sources_only() -> None:

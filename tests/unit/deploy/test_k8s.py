@@ -379,6 +379,29 @@ def test_model_volume_and_configuration() -> None:
             assert container_env(pod)["HOME"] == "/tmp"
 
 
+def test_the_talker_compile_cache_is_persistent() -> None:
+    """The talker's torch.compile / Triton cache (the image's TORCHINDUCTOR_CACHE_DIR and
+    TRITON_CACHE_DIR live under COMPILE_CACHE_PATH) is a writable PersistentVolumeClaim shared by
+    its replicas, not the emptyDir /tmp that every pod start empties (a recompile inside the
+    startupProbe's window); the other stages compile nothing and mount nothing there."""
+    claims = objects_of("PersistentVolumeClaim")
+    for stage, deployment, _ in stage_deployments():
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        mounts = {m["mountPath"]: m for m in container.get("volumeMounts") or []}
+        volumes = {v["name"]: v for v in pod.get("volumes") or []}
+        if stage != "talker":
+            assert compose.COMPILE_CACHE_PATH not in mounts, stage
+            continue
+        mount = mounts[compose.COMPILE_CACHE_PATH]
+        assert not mount.get("readOnly")
+        claim = volumes[mount["name"]].get("persistentVolumeClaim")
+        assert claim is not None, "an emptyDir is emptied at every pod start"
+        assert not claim.get("readOnly")
+        assert "ReadWriteMany" in claims[claim["claimName"]]["spec"]["accessModes"], "shared by replicas"
+        assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"], "writable"
+
+
 def test_pods_run_as_the_image_user() -> None:
     dockerfile = (REPO / "deploy" / "Dockerfile").read_text(encoding="utf-8")
     (user,) = re.findall(r"^USER\s+(\d+)(?::(\d+))?\s*$", dockerfile, re.M)

@@ -118,3 +118,18 @@ def test_the_overlay_validates_against_kubernetes_schemas(version: str) -> None:
         *yaml.safe_load_all((OVERLAY / "fetch-models-job.yaml").read_text(encoding="utf-8")),
     ):
         kubernetes_validate.validate(doc, target, strict=True)
+
+
+def test_every_talker_keeps_its_compile_cache_on_the_pvc() -> None:
+    """The added talkers mount the compile-cache PVC at COMPILE_CACHE_PATH like the base's
+    talker (deploy/k8s/compile-cache-pvc.yaml), not only the emptyDir /tmp."""
+    claims = of("PersistentVolumeClaim")
+    talkers = [d for d in of("Deployment").values() if process(d)[0] == "talker"]
+    assert len(talkers) == 3
+    for deployment in talkers:
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        mounts = {m["mountPath"]: m for m in container["volumeMounts"]}
+        volumes = {v["name"]: v for v in pod["volumes"]}
+        claim = volumes[mounts[compose.COMPILE_CACHE_PATH]["name"]]["persistentVolumeClaim"]["claimName"]
+        assert claim in claims and not mounts[compose.COMPILE_CACHE_PATH].get("readOnly")

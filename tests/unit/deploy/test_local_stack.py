@@ -1,21 +1,26 @@
-"""``qwen3-tts up`` command lines (qwen3_tts.local_stack.stage_commands), ``--replicas`` included."""
+"""``qwen3-tts up`` command lines (qwen3_tts.local_stack.stage_commands), ``--replicas`` included,
+and its refusal to start on ports another process holds."""
 
 from __future__ import annotations
 
+import socket
 import sys
 from pathlib import Path
 
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.config import FLAGS, gateway_config_from_args
 from qwen3_tts.cli import build_parser
 from qwen3_tts.local_stack import (
     StageProcess,
+    busy_port,
+    free_port,
     is_replicated,
+    listeners,
     on_free_ports,
+    port_taken,
     replica_name,
-    should_restart,
     stage_commands,
     stage_of,
     start_logged,
@@ -98,8 +103,50 @@ def test_upflag_value() -> None:
     assert build_parser().parse_args(["up", "--replicas", "3"]).replicas == 3
 
 
-def test_up_restarts_only_replicas_of_a_replicated_stack() -> None:
-    assert should_restart("talker", 2, 60) and should_restart("decoder-2", 3, 11)
-    assert not should_restart("talker", 1, 60)  # one replica: its streams died, stop as before
-    assert not should_restart("speaker", 2, 60) and not should_restart("gateway", 2, 60)
-    assert not should_restart("talker-2", 2, 3)  # crash loop
+def _up_stages(base: int, port: int, http: int, metrics: bool = False) -> list[StageProcess]:
+    return stage_commands(Path("/m"), "127.0.0.1", port, base, None, metrics, 2, http_port=http)
+
+
+@given(role=st.sampled_from(["base", "port", "http"]), offset=st.integers(0, 4))
+@settings(max_examples=20, deadline=None)
+def test_a_taken_port_is_named_with_the_flag_that_moves_it(role: str, offset: int) -> None:
+    """Whichever port of an ``up --replicas 2`` stack another process listens on (a stage's:
+    ``offset`` from the base picks which), ``up`` refuses to start, naming that port, the process
+    that wanted it and the flag that moves it."""
+    with socket.socket() as held:
+        held.bind(("127.0.0.1", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        ports = {"base": free_port(), "port": free_port(), "http": free_port()}
+        ports[role] = taken - offset if role == "base" else taken
+        stages = _up_stages(ports["base"], ports["port"], ports["http"])
+        message = busy_port(stages)
+    (name,) = [s.name for s in stages if taken in (p for _, p, _ in listeners(s))]
+    flag = {"base": "--base-port", "port": "--port", "http": "--http-port"}[role]
+    assert message is not None and message.startswith(f"port {taken} ({name}) is already in use on 127.0.0.1")
+    assert flag in message
+    assert (name == "gateway") == (role != "base")
+
+
+def test_stage_ports_name_base_port_and_metrics_name_metrics() -> None:
+    stages = _up_stages(51000, 52000, 53000, metrics=True)
+    found = {(s.name, p): flag for s in stages for _, p, flag in listeners(s)}
+    assert found[("talker", 51000)] == found[("decoder-2", 51004)] == "--base-port"
+    assert found[("gateway", 52000)] == "--port" and found[("gateway", 53000)] == "--http-port"
+    assert found[("talker", 9092)] == found[("gateway", 9091)] == "--metrics"
+    assert {h for s in stages for h, p, _ in listeners(s) if p >= 9091 and p < 9100} == {"0.0.0.0"}
+
+
+def test_a_port_in_time_wait_is_not_taken() -> None:
+    """A stack stopped a moment ago leaves connections in TIME_WAIT on its ports; the servers
+    bind over them (SO_REUSEADDR), so ``up`` must not refuse them."""
+    with socket.socket() as server:
+        server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as gRPC's servers do
+        server.bind(("127.0.0.1", 0))
+        server.listen()
+        port = server.getsockname()[1]
+        client = socket.create_connection(("127.0.0.1", port))
+        accepted, _ = server.accept()
+        accepted.close()  # the server side closes first: its end goes to TIME_WAIT
+        client.close()
+    assert not port_taken("127.0.0.1", port)

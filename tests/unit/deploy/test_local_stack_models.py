@@ -12,7 +12,14 @@ from hypothesis import strategies as st
 
 from gateway.config import FLAGS, ModelRoute, gateway_config_from_args
 from qwen3_tts.cli import build_parser
-from qwen3_tts.local_stack import ServedModel, on_free_ports, served_models, stage_commands, stage_of
+from qwen3_tts.local_stack import (
+    ServedModel,
+    on_free_ports,
+    replica_group,
+    served_models,
+    stage_commands,
+    stage_of,
+)
 from tests.helpers.compose import flag_value
 
 TYPES = {"design": "voice_design", "base": "base", "custom": "custom_voice"}
@@ -106,3 +113,17 @@ def test_model_arguments_and_dev_types(tmp_path: Path) -> None:
     with pytest.raises(SystemExit):
         parse(["up", "--dev-model-type", "base,nope"])
     assert parse(["up", "--dev-model-type", " voice_design, base "]).dev_model_type == "voice_design,base"
+
+
+def test_replicas_are_grouped_per_model_for_supervision(tmp_path: Path) -> None:
+    """``up`` stops when every replica of a group is lost: each model's talkers (and a Base
+    model's speakers) are a group of their own, the decoder pool one group for all models."""
+    models = served_models(build_parser().parse_args(["up", *checkpoints(tmp_path, TYPES)]))
+    stages = stage_commands(models, "127.0.0.1", 50051, 50052, None, False, replicas=2)
+    groups = {s.name: replica_group(s) for s in stages}
+    assert groups["talker-design"] == groups["talker-design-2"] == "talker (model design)"
+    assert groups["talker-base"] == "talker (model base)" != groups["talker-custom"]
+    assert groups["speaker-base"] == "speaker (model base)"
+    assert groups["decoder"] == groups["decoder-2"] == "decoder" and groups["gateway"] == "gateway"
+    one = stage_commands(Path("/m"), "127.0.0.1", 50051, 50052, None, False, replicas=2)
+    assert {replica_group(s) for s in one} == {"talker", "decoder", "speaker", "gateway"}

@@ -51,6 +51,7 @@ def test_local_stack_starts_children_with_that_environment(monkeypatch: pytest.M
 
     monkeypatch.setattr(local_stack.subprocess, "Popen", fake_popen)
     monkeypatch.setattr(local_stack, "StopRequest", NoSignals)
+    monkeypatch.setattr(local_stack, "busy_port", lambda stages: None)  # the default ports may be taken here
     monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     ns = build_parser().parse_args(["up", "--model", "/models/x", "--device", "cpu"])
     with pytest.raises(RefusedError):

@@ -12,7 +12,7 @@ import unicodedata
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from talker_service.engine import EngineConfig, FinishReason, TalkerEngine
@@ -121,12 +121,18 @@ def test_tokens_are_committed_before_the_end(tokenizer):
     assert inc.push("end|> b c") == tokenizer.text_ids("a<|im_end|> b")
 
 
+_NFC_ALPHABET = "aeoAKᄀ가\u0301\u0327\u0338\u1161\u11a8=<ñ\u0cc6\u0cc2\u0cd5"
+"""Letters, composing marks, Hangul jamo and syllables, and Kannada's chained composition."""
+
+
 @settings(max_examples=300, deadline=None)
 @given(
-    a=st.text(alphabet=st.sampled_from("aeoAKᄀ가\u0301\u0327\u0338\u1161\u11a8=<ñ"), max_size=4),
-    c=st.sampled_from("aeoAKᄀ가\u0301\u0327\u0338\u1161\u11a8=<ñ 1\u0f73\u0344"),
-    b=st.text(alphabet=st.sampled_from("aeoAKᄀ가\u0301\u0327\u0338\u1161\u11a8=<ñ"), max_size=4),
+    a=st.text(alphabet=st.sampled_from(_NFC_ALPHABET), max_size=4),
+    c=st.sampled_from(_NFC_ALPHABET + " 1\u0f73\u0344"),
+    b=st.text(alphabet=st.sampled_from(_NFC_ALPHABET), max_size=4),
 )
+@example(a="ᄀ", c="\u1161", b="\u11a8").via("L + V + T compose into one syllable")
+@example(a="\u0cc6", c="\u0cc2", b="\u0cd5").via("a chained composition outside Hangul")
 def test_nfc_boundaries(a, c, b):
     def nfc(s: str) -> str:
         return unicodedata.normalize("NFC", s)
