@@ -13,7 +13,8 @@ Its subpackages read in the order a request flows:
    tokenizer) and the shared decoder pool: pipelines, routing, failover;
 5. :mod:`gateway.encoding` — the output chain (speed, resampling, codecs).
 
-:mod:`gateway.voices` keeps registered voices (the store interface and its file store) and
-:mod:`gateway.config` the settings; both import nothing else of the gateway. Run it with
-``python -m gateway`` (see :mod:`gateway.config` for the flags).
+:mod:`gateway.voice_library` keeps registered voices (the voice library every gateway over
+one database shares: SQLite or PostgreSQL) and :mod:`gateway.config` the settings; the library
+imports nothing else of the gateway, the settings only the library's own. Run it with ``python -m
+gateway`` (see :mod:`gateway.config` for the flags).
 """

@@ -33,6 +33,8 @@ from tts_common.serving.config import ProcessFlags
 from tts_common.silence import SilenceStop
 from tts_common.synthesis.validation import RequestLimits
 
+from .voice_library.config import VoiceLibraryConfig
+
 STAGE = "gateway"
 DEFAULT_PORT = 50051
 DEFAULT_HTTP_PORT = 8000
@@ -230,15 +232,50 @@ class GatewayConfig:
     max_ref_audio_bytes: int = field(default=32 * 1024 * 1024, metadata=_POSITIVE_INT)
     """Largest accepted reference audio upload, bytes."""
 
+    voices_db: str | None = None
+    """Where the voice library lives (registered voices, shared by every gateway over it):
+    ``postgresql://USER:PASSWORD@HOST:5432/DB`` (libpq options such as ``?sslmode=require``
+    understood; gateways on several hosts), or SQLite: ``sqlite:////abs/path.db`` or a path (one
+    file; gateways on one host). Unset: ``voices.db`` in ``--voices-dir``; without that either, a
+    temporary SQLite file deleted at exit (registered voices do not survive a restart)."""
+
+    voices_db_schema: str = "public"
+    """PostgreSQL schema of the voice library's tables (created if missing); several
+    deployments can share one database in schemas of their own."""
+
+    voices_db_timeout: float = field(default=5.0, metadata=_POSITIVE_FLOAT)
+    """Limit of every voice-library operation in seconds (waiting for a connection or a lock
+    included): a database that is down, locked or slower answers UNAVAILABLE with a retry hint
+    instead of hanging; synthesis with preset speakers never waits for it."""
+
     voices_dir: str | None = None
-    """Directory persisting registered voices (one JSON file each); unset keeps them in memory
-    only (lost on restart)."""
+    """Legacy voices directory (one JSON file per voice, as gateways before the voice library
+    kept them): its voices are imported into the library once, at start (recorded: later starts
+    skip it; with API keys they belong to no key, so admin keys see them); the default
+    ``--voices-db`` lives in it."""
 
     max_voices: int = field(default=1000, metadata=_POSITIVE_INT)
-    """Most registered voices; RegisterVoice beyond it fails with RESOURCE_EXHAUSTED."""
+    """Most registered voices in the library, every API key's together; RegisterVoice and
+    ImportVoice beyond it fail with RESOURCE_EXHAUSTED."""
+
+    max_voices_per_key: int = field(default=0, metadata=_NON_NEGATIVE_INT)
+    """Most registered voices one API key may own (0: no limit of its own, ``--max-voices``
+    only); beyond it RESOURCE_EXHAUSTED."""
 
     api_keys: frozenset[str] = frozenset()
-    """Accepted API keys (with those of ``--api-keys-file``); none disables authentication."""
+    """Accepted API keys (with those of ``--api-keys-file`` and ``--voices-admin-keys``); none
+    disables authentication."""
+
+    voices_admin_keys: frozenset[str] = frozenset()
+    """API keys that see, use, update, export and delete every key's registered voices (other
+    keys only their own); they are accepted API keys too."""
+
+    voices_owner_secret: str | None = field(default=None, metadata=flag(stage_env_only=True))
+    """Secret (at least 16 characters; ``openssl rand -hex 32``) of the keyed digest (HMAC-SHA256)
+    by which the voice library knows the API key owning a voice (never the key itself); set it
+    with QWEN3TTS_GATEWAY_VOICES_OWNER_SECRET rather than on the command line. Unset: a random
+    secret generated once into the database. Keep it stable: another one orphans every owner's
+    voices."""
 
     tls_cert: str | None = None
     """PEM certificate chain for TLS on the public port (with ``tls_key``); unset = plaintext."""
@@ -350,6 +387,22 @@ class GatewayConfig:
     channel_options: tuple[tuple[str, Any], ...] = field(default=(), metadata=NOT_A_FLAG)
     """Extra gRPC channel options for the stage channels (tests, tuning)."""
 
+    def __post_init__(self) -> None:
+        # Admin keys are accepted keys: one set decides whether a key may call at all.
+        if not self.voices_admin_keys <= self.api_keys:
+            object.__setattr__(self, "api_keys", self.api_keys | self.voices_admin_keys)
+
+    def voice_library(self) -> VoiceLibraryConfig:
+        """The voice library's settings (ValueError when one is out of range)."""
+        secret = self.voices_owner_secret
+        return VoiceLibraryConfig(
+            max_voices=self.max_voices,
+            max_voices_per_owner=self.max_voices_per_key or None,
+            timeout_s=self.voices_db_timeout,
+            owner_secret=None if secret is None else secret.encode("utf-8"),
+            postgres_schema=self.voices_db_schema,
+        )
+
 
 @dataclass(frozen=True)
 class ApiKeysFileConfig:
@@ -421,6 +474,12 @@ def gateway_config_from_args(args: argparse.Namespace) -> GatewayConfig:
     for path in (config.tls_cert, config.tls_key, config.tls_client_ca):
         if path and not os.path.isfile(path):
             raise ValueError(f"TLS file not found: {path}")
+    try:
+        config.voice_library()
+    except ValueError as exc:
+        raise ValueError(
+            f"voice library settings (--voices-db-schema, --voices-owner-secret): {exc}"
+        ) from None
     return dataclasses.replace(
         config,
         api_keys=frozenset(keys),

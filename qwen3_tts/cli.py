@@ -206,6 +206,12 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         "--metrics", action="store_true", help="expose /metrics on 9091..9094 (9095.. for replicas)"
     )
     p.add_argument(
+        "--voices-db",
+        default=".qwen3-tts/voices.db",
+        help="the gateway's voice library: a SQLite file (kept across runs) or postgresql://... (the "
+        "gateway's --voices-db)",
+    )
+    p.add_argument(
         "--replicas",
         type=int,
         default=1,

@@ -4,7 +4,9 @@ One model (``--model DIR``, or the embedded dev checkpoint) is the classic four 
 decoder, speaker, gateway. Several (``--model DIR --model NAME=DIR2 ...``, or
 ``--dev-model-type voice_design,base,custom_voice``) run one talker per model, a speaker stage
 for each Base model, and one decoder pool for all of them (their speech tokenizers must match:
-the gateway checks), behind one gateway that serves each model by name.
+the gateway checks), behind one gateway that serves each model by name. Registered voices last
+across runs in the gateway's voice library (``--voices-db``, a SQLite file under ``.qwen3-tts/``
+by default).
 """
 
 from __future__ import annotations
@@ -215,6 +217,7 @@ def stage_commands(
     metrics: bool,
     replicas: int = 1,
     http_port: int = 8000,
+    voices_db: str | None = None,
 ) -> list[StageProcess]:
     """Command lines of the stages and the gateway (the same flags the deploy files use), in
     start order: the first model's talker, the decoder, its speaker; the other models' talkers
@@ -224,7 +227,8 @@ def stage_commands(
     decoder ``+1``, speaker ``+2``, replica k >= 2 of the talker at ``base_port + 2k - 1``, of
     the decoder at ``base_port + 2k``); the one gateway's HTTP API and playground at
     ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, the others 9092 on in start
-    order. ``model``: one checkpoint directory, or the served models."""
+    order. ``model``: one checkpoint directory, or the served models. ``voices_db``: the
+    gateway's voice library (None: the gateway's default, a temporary one)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     models = [ServedModel(model)] if isinstance(model, Path) else list(model)
@@ -275,6 +279,7 @@ def stage_commands(
             "--http-port",
             str(http_port),
             *(["--metrics-port", "9091"] if metrics else []),
+            *(["--voices-db", voices_db] if voices_db else []),
         ],
     )
     point_gateway(gateway, stages)
@@ -487,6 +492,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
         args.metrics,
         replicas,
         http_port=args.http_port,
+        voices_db=args.voices_db,
     )
     busy = busy_port(stages)
     if busy is not None:

@@ -18,6 +18,10 @@ class TTSError(Exception):
 
     grpc_status: ClassVar[str] = "INTERNAL"
 
+    retry_after_s: float | None = None
+    """How long the client should wait before retrying, in seconds, where the raiser knows (None:
+    no hint): gRPC trailing metadata ``retry-after`` and HTTP ``Retry-After``, in whole seconds."""
+
 
 class InvalidRequestError(TTSError, ValueError):
     """The request is malformed or asks for something the loaded model cannot do (unknown

@@ -21,6 +21,7 @@ from ..stages.models import ModelRegistry
 from ..synthesis.context import SynthesisContext
 from ..synthesis.session import StreamingSession
 from ..synthesis.text_cutter import UtteranceCutter
+from ..voice_library import Caller
 from .admission import Admission
 
 
@@ -38,20 +39,21 @@ class StreamedSynthesis:
         messages: AsyncIterator[tts_pb2.StreamingSynthesizeRequest],
         request_id: str,
         *,
+        caller: Caller,
         received: float,
         time_remaining: float | None = None,
         speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
-        """The response stream of one StreamingSynthesize call: ``config`` is its first message
-        (``gateway.synthesis.text_cutter.read_config``), ``messages`` the rest (text, flush,
-        cancel) until the client's half-close."""
+        """The response stream of one StreamingSynthesize call made by ``caller``: ``config``
+        is its first message (``gateway.synthesis.text_cutter.read_config``), ``messages`` the
+        rest (text, flush, cancel) until the client's half-close."""
         backend = self.models.get(config.model)
         with model_context(backend.name), self.admission.admit(received, backend):
             metrics.TEXT_STREAMS.labels(stage=STAGE).inc()
             try:
                 context = self.context
                 prepared = await context.prepare(
-                    backend, config, request_id, time_remaining, streamed_text=True
+                    backend, config, request_id, time_remaining, caller=caller, streamed_text=True
                 )
                 session = StreamingSession(
                     prepared,

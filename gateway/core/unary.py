@@ -25,6 +25,7 @@ from ..stages.models import ModelRegistry
 from ..synthesis.context import SynthesisContext
 from ..synthesis.responses import SegmentRecord
 from ..synthesis.utterances import UtteranceAudio, UtteranceDone, UtteranceStarted
+from ..voice_library import Caller
 from .admission import Admission
 
 
@@ -54,16 +55,18 @@ class UnarySynthesis:
         request: tts_pb2.SynthesizeRequest,
         request_id: str,
         *,
+        caller: Caller,
         received: float,
         time_remaining: float | None = None,
         speed: float = 1.0,
     ) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
-        """The response stream of one Synthesize request (see the module doc). ``speed``: the
-        output's time-scale factor (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
+        """The response stream of one Synthesize request (see the module doc) made by ``caller``
+        (whose registered voices it may use). ``speed``: the output's time-scale factor
+        (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
         context = self.context
         backend = self.models.get(request.model)
         with model_context(backend.name), self.admission.admit(received, backend):
-            prepared = await context.prepare(backend, request, request_id, time_remaining)
+            prepared = await context.prepare(backend, request, request_id, time_remaining, caller=caller)
             builder = prepared.responses(request_id, received, speed)
             segmentation = await context.segmentation(backend, prepared)
             sequence = context.sequence(backend, prepared, time_remaining)

@@ -1,88 +1,155 @@
 """Registered voices, for any transport: listing them per model, registering one (from reference
-audio, or designed: "Voice Design, then Clone") and deleting one.
+audio, or designed: "Voice Design, then Clone", :mod:`.designs`), reading, changing, exporting,
+importing and deleting one, all in the voice library (:mod:`gateway.voice_library`) that every
+gateway over the same database shares.
 
 A voice is embedded by the speaker stage of a Base model and belongs to that model's family
-(:func:`gateway.stages.backend.voice_family`): the models of that family speak it. A designed voice
-takes one more step first: a VoiceDesign model speaks the design's sample text in the described
-voice (:meth:`gateway.synthesis.context.SynthesisContext.render`, holding a stream place like any
-synthesis), and that audio is the reference, its text the transcript. Because every later
-segment is cloned from that one reference, the voice stays the same over a long text, unlike a
-VoiceDesign description, which is interpreted anew for every segment.
+(:func:`gateway.stages.backend.voice_family`): the models of that family speak it. It belongs to
+the API key that registered it (the call's :class:`~gateway.voice_library.Caller`, turned into a
+library scope only here, when a voice is touched): another key gets NOT_FOUND for it and does not
+list it; an admin key sees every voice. A database that is down or slow is UNAVAILABLE with a
+retry hint (:class:`~gateway.voice_library.VoiceStoreUnavailableError`).
 """
 
 from __future__ import annotations
 
+import json
 import logging
-import time
+from datetime import datetime
+from typing import Any
 
+import numpy as np
+from google.protobuf.json_format import MessageToDict, ParseDict
 from google.protobuf.timestamp_pb2 import Timestamp
 
 from tts_common.errors import FailedPreconditionError, InvalidRequestError
-from tts_common.logging_setup import model_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.validation import check_clone, check_text, check_voice_kind, model_label
+from tts_common.synthesis.validation import RequestLimits, check_clone, check_voice_kind
 
 from ..stages.backend import ModelBackend, voice_family
 from ..stages.models import ModelRegistry
-from ..synthesis.context import SynthesisContext
 from ..synthesis.voice import require_speaker
-from ..voices.store import StoredVoice, VoiceStore, new_voice_id
-from .admission import Admission
+from ..voice_library import Caller, NewVoice, RefCodes, VoiceInfo, VoiceLibrary, VoicePatch
+from ..voice_library.library import MAX_PAGE_SIZE
+from ..voice_library.records import check_metadata
+from .designs import VoiceDesigner
 
 logger = logging.getLogger(__name__)
-
-MAX_VOICE_NAME_CHARS = 200
 
 
 def _is_base(backend: ModelBackend, talker: stages_pb2.TalkerInfo) -> bool:
     return talker.model.model_type == "base"
 
 
-def _is_voice_design(backend: ModelBackend, talker: stages_pb2.TalkerInfo) -> bool:
-    return talker.model.model_type == "voice_design"
+def _timestamp(moment: datetime) -> Timestamp:
+    stamp = Timestamp()
+    stamp.FromDatetime(moment)
+    return stamp
+
+
+def voice_message(info: VoiceInfo) -> tts_pb2.Voice:
+    """A stored voice as the API describes it."""
+    voice = tts_pb2.Voice(
+        voice_id=info.voice_id,
+        name=info.name,
+        x_vector_only=info.x_vector_only,
+        ref_text=info.ref_text,
+        ref_audio_seconds=info.ref_audio_seconds,
+        created_at=_timestamp(info.created_at),
+        model=info.model_name,
+        family=info.model_family,
+        description=info.description,
+        labels=dict(info.labels),
+        consent=info.consent,
+        owner=info.owner,
+        updated_at=_timestamp(info.updated_at),
+    )
+    if info.design is not None:
+        ParseDict(info.design, voice.design, ignore_unknown_fields=True)
+    return voice
+
+
+def _voice_id(text: str) -> str:
+    voice_id = text.strip()
+    if not voice_id:
+        raise InvalidRequestError("voice_id is empty")
+    return voice_id
+
+
+def voice_patch(request: tts_pb2.UpdateVoiceRequest) -> VoicePatch:
+    """What an UpdateVoice request changes (INVALID_ARGUMENT for ``labels`` with ``clear_labels``)."""
+    if request.labels and request.clear_labels:
+        raise InvalidRequestError("send labels (replacing them) or clear_labels, not both")
+    labels = dict(request.labels) if request.labels else ({} if request.clear_labels else None)
+    return VoicePatch(
+        name=request.name if request.HasField("name") else None,
+        description=request.description if request.HasField("description") else None,
+        labels=labels,
+    )
 
 
 class VoiceService:
-    """Registered voices over the served models (see the module doc)."""
+    """Registered voices over the served models and the voice library (see the module doc)."""
 
     def __init__(
-        self, models: ModelRegistry, store: VoiceStore, context: SynthesisContext, admission: Admission
+        self, models: ModelRegistry, library: VoiceLibrary, designer: VoiceDesigner, limits: RequestLimits
     ) -> None:
         self.models = models
-        self.store = store
-        self.context = context
-        self.admission = admission
+        self.library = library
+        self.designer = designer
+        self.limits = limits
 
-    async def list_voices(self, model: str) -> tts_pb2.ListVoicesResponse:
-        """What ListVoices answers for ``model`` ("" = the default): its description and the
-        registered voices it can speak."""
-        backend = self.models.get(model)
+    async def list_voices(
+        self, request: tts_pb2.ListVoicesRequest, caller: Caller
+    ) -> tts_pb2.ListVoicesResponse:
+        """What ListVoices answers: the model's description and a page of the caller's registered
+        voices it can speak (its family, and those registered before families; every family with
+        ``all_families``). A model that speaks no registered voice lists none without asking the
+        library."""
+        backend = self.models.get(request.model)
         talker = await backend.talker_info()
         info = backend.public_info(talker)
-        family = voice_family(talker)
-        voices = await self.store.list_voices(family) if family else []
-        return tts_pb2.ListVoicesResponse(
+        response = tts_pb2.ListVoicesResponse(
             model_type=info.model_type,
             model_size=info.model_size,
             speakers=info.speakers,
             languages=info.languages,
             instruct_supported=info.instruct_supported,
             voice_clone_supported=info.voice_clone_supported,
-            voices=[v.voice for v in voices],
             sample_rate=info.sample_rate,
             model=backend.name,
         )
+        family = voice_family(talker)
+        if not family and not request.all_families:
+            return response
+        scope = await self.library.scope_of(caller)
+        page = await self.library.list_voices(
+            scope,
+            model_family=None if request.all_families else (family, ""),
+            page_size=request.page_size or MAX_PAGE_SIZE,
+            page_token=request.page_token,
+        )
+        response.voices.extend(voice_message(v) for v in page.voices)
+        response.next_page_token = page.next_page_token
+        return response
 
     async def register(
-        self, request: tts_pb2.RegisterVoiceRequest, request_id: str, time_remaining: float | None
+        self,
+        request: tts_pb2.RegisterVoiceRequest,
+        caller: Caller,
+        request_id: str,
+        time_remaining: float | None,
     ) -> tts_pb2.Voice:
         """Embed the reference (given, or designed first) with a Base model's speaker stage and
-        store the voice (RESOURCE_EXHAUSTED past the store's limit)."""
-        if len(request.name) > MAX_VOICE_NAME_CHARS:
-            raise InvalidRequestError(
-                f"name is too long: {len(request.name)} characters (maximum {MAX_VOICE_NAME_CHARS})"
-            )
+        store the voice for the caller (RESOURCE_EXHAUSTED past the library's or the key's
+        limit, checked before the costly part and again when storing)."""
+        check_metadata(
+            name=request.name,
+            description=request.description,
+            consent=request.consent,
+            labels=dict(request.labels),
+        )
         source = request.WhichOneof("source")
         if source is None:
             raise InvalidRequestError(
@@ -92,61 +159,93 @@ class VoiceService:
         base = self._clone_model(request.model, designing)
         talker = await base.talker_info()
         if designing:
-            self._check_design(request.design)
+            self.designer.check(request.design)
         else:
             check_voice_kind("clone", base.public_info(talker))
-            check_clone(request.reference, self.context.limits, "reference")
+            check_clone(request.reference, self.limits, "reference")
         require_speaker(base)
-        await self.store.check_capacity()
+        scope = await self.library.scope_of(caller)
+        await self.library.check_capacity(scope)
         design = None
         if designing:
-            reference, design = await self._design(request.design, request_id, time_remaining)
+            reference, design = await self.designer.reference(request.design, request_id, time_remaining)
         else:
             reference = request.reference
         assert base.speaker is not None
         field = "the designed reference" if designing else "reference"
         embedding = await base.speaker.embed(reference, request_id, time_remaining, talker, field)
-        created = Timestamp()
-        created.GetCurrentTime()
-        voice = tts_pb2.Voice(
-            voice_id=new_voice_id(),
-            name=request.name,
-            x_vector_only=reference.x_vector_only,
-            ref_text="" if reference.x_vector_only else reference.ref_text,
-            ref_audio_seconds=embedding.audio_seconds,
-            created_at=created,
-            model=base.name,
-            family=voice_family(talker),
+        codes = embedding.ref_codes
+        record = await self.library.add(
+            NewVoice(
+                speaker_embedding=np.asarray(embedding.speaker_embedding, dtype=np.float32),
+                ref_codes=None
+                if reference.x_vector_only
+                else RefCodes.from_flat(list(codes.values), codes.num_frames, codes.num_codebooks),
+                x_vector_only=reference.x_vector_only,
+                ref_text="" if reference.x_vector_only else reference.ref_text,
+                name=request.name,
+                description=request.description,
+                labels=dict(request.labels),
+                model_family=voice_family(talker),
+                model_name=base.name,
+                consent=request.consent,
+                ref_audio_seconds=embedding.audio_seconds,
+                audio_sha256=embedding.audio_sha256,
+                design=None if design is None else MessageToDict(design, preserving_proto_field_name=True),
+            ),
+            scope,
         )
-        if design is not None:
-            voice.design.CopyFrom(design)
-        stored = StoredVoice(
-            voice=voice,
-            speaker_embedding=list(embedding.speaker_embedding),
-            ref_codes=None if reference.x_vector_only else embedding.ref_codes,
-            audio_sha256=embedding.audio_sha256,
-        )
-        await self.store.add(stored)
+        info = record.info
         logger.info(
             "registered voice %s (%r, %s, %.1f s reference%s) with model %s, family %s",
-            voice.voice_id,
-            request.name,
-            "x-vector only" if reference.x_vector_only else "in-context",
-            voice.ref_audio_seconds,
+            info.voice_id,
+            info.name,
+            "x-vector only" if info.x_vector_only else "in-context",
+            info.ref_audio_seconds,
             f", designed with model {design.model}" if design is not None else "",
             base.name,
-            voice.family,
+            info.model_family,
         )
-        return voice
+        return voice_message(info)
 
-    async def delete(self, voice_id: str) -> None:
-        """Delete a registered voice (NOT_FOUND if there is none)."""
-        if not voice_id.strip():
-            raise InvalidRequestError("voice_id is empty")
-        await self.store.delete(voice_id.strip())
-        logger.info("deleted voice %s", voice_id)
+    async def get(self, voice_id: str, caller: Caller) -> tts_pb2.Voice:
+        """One of the caller's voices (NOT_FOUND if unknown or another key's)."""
+        record = await self.library.get(_voice_id(voice_id), await self.library.scope_of(caller))
+        return voice_message(record.info)
 
-    # --- choosing the models ------------------------------------------------------------------
+    async def update(self, request: tts_pb2.UpdateVoiceRequest, caller: Caller) -> tts_pb2.Voice:
+        """Rename, describe or relabel one of the caller's voices (NOT_FOUND as :meth:`get`)."""
+        patch = voice_patch(request)
+        info = await self.library.update(
+            _voice_id(request.voice_id), patch, await self.library.scope_of(caller)
+        )
+        logger.info("updated voice %s: %s", info.voice_id, ", ".join(patch.changed_fields()) or "nothing")
+        return voice_message(info)
+
+    async def delete(self, voice_id: str, caller: Caller) -> None:
+        """Delete one of the caller's voices (NOT_FOUND as :meth:`get`)."""
+        info = await self.library.delete(_voice_id(voice_id), await self.library.scope_of(caller))
+        logger.info("deleted voice %s", info.voice_id)
+
+    async def export(self, voice_id: str, caller: Caller) -> dict[str, Any]:
+        """The export document of one of the caller's voices (NOT_FOUND as :meth:`get`)."""
+        return await self.library.export(_voice_id(voice_id), await self.library.scope_of(caller))
+
+    async def import_document(self, document: Any, caller: Caller) -> tts_pb2.Voice:
+        """Store the voice of an export document for the caller (its id kept when free)."""
+        record = await self.library.import_document(document, await self.library.scope_of(caller))
+        logger.info("imported voice %s (%r)", record.voice_id, record.info.name)
+        return voice_message(record.info)
+
+    @staticmethod
+    def parse_document(text: str) -> Any:
+        """An export document sent as JSON text (INVALID_ARGUMENT when it is not JSON)."""
+        try:
+            return json.loads(text)
+        except ValueError as exc:
+            raise InvalidRequestError(f"document is not JSON: {exc}") from None
+
+    # --- choosing the model -------------------------------------------------------------------
     def _clone_model(self, name: str, designing: bool) -> ModelBackend:
         """The Base model that embeds the reference: the one named, else the default if it is a
         Base model, else the first Base model served (without one: a designed voice is refused
@@ -162,74 +261,5 @@ class VoiceService:
                 raise
             return self.models.default
 
-    def _design_model(self, name: str) -> ModelBackend:
-        """The VoiceDesign model that speaks a design: the one named, else the first served."""
-        if not name.strip():
-            return self.models.find(
-                "a VoiceDesign model (it speaks the designed reference)", _is_voice_design
-            )
-        backend = self.models.get(name)
-        talker = backend.info.cached
-        if talker is not None and not _is_voice_design(backend, talker):
-            raise FailedPreconditionError(
-                f"design.model {name!r} is a {model_label(talker.model)} model; a voice is designed by a "
-                "voice_design model"
-            )
-        return backend
 
-    # --- Voice Design, then Clone ---------------------------------------------------------------
-    def _check_design(self, design: tts_pb2.VoiceDesign) -> None:
-        limits = self.context.limits
-        if not design.instruct.strip():
-            raise InvalidRequestError("design.instruct is required: describe the voice")
-        check_text(design.instruct, limits.max_instruct_chars, "design.instruct")
-        if not design.text.strip():
-            raise InvalidRequestError("design.text is required: what the voice says in its reference")
-        check_text(design.text, limits.max_instruct_chars, "design.text")
-
-    async def _design(
-        self, design: tts_pb2.VoiceDesign, request_id: str, time_remaining: float | None
-    ) -> tuple[tts_pb2.VoiceClone, tts_pb2.VoiceDesign]:
-        """The designed reference (native-rate float32, its text the transcript) and the design
-        as done (its model and seed)."""
-        designer = self._design_model(design.model)
-        request = tts_pb2.SynthesizeRequest(
-            text=design.text,
-            language=design.language,
-            instruct=design.instruct,
-            output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32),
-        )
-        if design.HasField("seed"):
-            request.sampling.seed = design.seed
-        with model_context(designer.name), self.admission.admit(time.monotonic(), designer):
-            prepared, audio, results = await self.context.render(
-                designer, request, request_id, time_remaining, single_segment="design.text"
-            )
-        if not audio.size:
-            raise InvalidRequestError(
-                f"model {designer.name!r} said nothing for design.text (finish reason "
-                f"{tts_pb2.FinishReason.Name(results[0].finish_reason) if results else 'none'}); try another text or seed"
-            )
-        reference = tts_pb2.VoiceClone(
-            ref_audio=audio.astype("<f4").tobytes(),
-            ref_audio_encoding=tts_pb2.REFERENCE_AUDIO_ENCODING_RAW_FLOAT32,
-            ref_audio_sample_rate=prepared.info.sample_rate,
-            ref_text=design.text,
-        )
-        done = tts_pb2.VoiceDesign(
-            instruct=design.instruct,
-            text=design.text,
-            language=prepared.plan.language,
-            seed=prepared.plan.sampling.seed or 0,
-            model=designer.name,
-        )
-        logger.info(
-            "designed a reference with model %s: %.2f s, seed %d",
-            designer.name,
-            audio.size / reference.ref_audio_sample_rate,
-            done.seed,
-        )
-        return reference, done
-
-
-__all__ = ["MAX_VOICE_NAME_CHARS", "VoiceService"]
+__all__ = ["VoiceService", "voice_message", "voice_patch"]

@@ -20,7 +20,7 @@ from tts_common.text import TokenCounter
 from ..config import GatewayConfig
 from ..stages.backend import ModelBackend
 from ..stages.routing import StageClient
-from ..voices.store import VoiceStore
+from ..voice_library import NO_KEYS, Caller, VoiceLibrary
 from .request import PreparedRequest, prepare
 from .segmentation import Segmentation, segment_size
 from .utterances import (
@@ -35,11 +35,11 @@ from .utterances import (
 
 @dataclass(frozen=True)
 class SynthesisContext:
-    """The gateway's settings, the decoder pool and the voice store (see the module doc)."""
+    """The gateway's settings, the decoder pool and the voice library (see the module doc)."""
 
     config: GatewayConfig
     decoder: StageClient[stages_pb2_grpc.DecoderStub]
-    voices: VoiceStore
+    voices: VoiceLibrary
     limits: RequestLimits
 
     async def prepare(
@@ -49,12 +49,15 @@ class SynthesisContext:
         request_id: str,
         time_remaining: float | None,
         *,
+        caller: Caller,
         streamed_text: bool = False,
     ) -> PreparedRequest:
-        """``request`` validated against ``backend``'s model, its voice resolved."""
+        """``request`` validated against ``backend``'s model, its voice resolved (a registered
+        voice: ``caller``'s)."""
         return await prepare(
             backend,
             self.voices,
+            caller,
             request,
             request_id,
             time_remaining,
@@ -106,8 +109,9 @@ class SynthesisContext:
         """Speak ``request`` with ``backend`` into native-rate float32 PCM, without a response
         stream (a designed voice's reference): the prepared request, the audio and each
         segment's end. ``single_segment``: the text must fit one talker request (else
-        INVALID_ARGUMENT naming this field), checked before anything is spoken."""
-        prepared = await self.prepare(backend, request, request_id, time_remaining)
+        INVALID_ARGUMENT naming this field), checked before anything is spoken. The request
+        names no registered voice (its voice is described)."""
+        prepared = await self.prepare(backend, request, request_id, time_remaining, caller=NO_KEYS)
         segmentation = await self.segmentation(backend, prepared)
         if single_segment and len(segments := await segmentation.complete()) > 1:
             raise InvalidRequestError(

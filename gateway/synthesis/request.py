@@ -26,9 +26,9 @@ from tts_common.synthesis.validation import (
 from ..config import GatewayConfig
 from ..encoding import AudioOutput, check_output_format, default_sample_rate
 from ..stages.backend import ModelBackend
-from ..voices.store import VoiceStore
+from ..voice_library import Caller, VoiceLibrary
 from .responses import OutputPlan, ResponseBuilder
-from .voice import ResolvedVoice, check_voice_family, resolve_voice
+from .voice import ResolvedVoice, check_voice_family, find_registered_voice, resolve_voice
 
 
 def plan_output(
@@ -90,7 +90,8 @@ class PreparedRequest:
 
 async def prepare(
     backend: ModelBackend,
-    voices: VoiceStore,
+    voices: VoiceLibrary,
+    caller: Caller,
     request: tts_pb2.SynthesizeRequest,
     request_id: str,
     time_remaining: float | None,
@@ -100,12 +101,13 @@ async def prepare(
     streamed_text: bool = False,
 ) -> PreparedRequest:
     """Validate a Synthesize request (or, ``streamed_text``, a StreamingSynthesize
-    configuration) against ``backend``'s model and resolve its voice (see the module doc)."""
+    configuration) against ``backend``'s model and resolve its voice (see the module doc): a
+    registered one is ``caller``'s, read from the library ``voices``."""
     talker = await backend.talker_info()
     info = backend.public_info(talker)
     stored = None
     if request.WhichOneof("voice") == "voice_id" and request.voice_id.strip():
-        stored = await voices.find(request.voice_id.strip())
+        stored = await find_registered_voice(voices, caller, request.voice_id.strip())
         if stored is not None:
             check_voice_family(stored, backend, talker)
     plan = plan_synthesis(request, info, limits, streamed_text=streamed_text)

@@ -1,6 +1,6 @@
-"""The voice of a request for the talker: a registered voice from the store (checked against the
-model's voice family), an inline clone embedded by the model's speaker stage, or none (preset
-speakers, voice design)."""
+"""The voice of a request for the talker: a registered voice from the voice library (the caller's
+own, checked against the model's voice family), an inline clone embedded by the model's speaker
+stage, or none (preset speakers, voice design: no database involved)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.synthesis.validation import SynthesisPlan, check_speaker_embedding, model_label
 
 from ..stages.backend import ModelBackend, voice_family
-from ..voices.store import StoredVoice
+from ..voice_library import Caller, VoiceLibrary, VoiceRecord
 
 
 @dataclass(frozen=True)
@@ -43,14 +43,26 @@ def require_speaker(backend: ModelBackend) -> None:
         )
 
 
-def check_voice_family(voice: StoredVoice, backend: ModelBackend, talker: stages_pb2.TalkerInfo) -> None:
-    """A registered voice is spoken only by models of its family: FAILED_PRECONDITION naming
-    the voice's model and family and the requested model otherwise."""
+async def find_registered_voice(library: VoiceLibrary, caller: Caller, voice_id: str) -> VoiceRecord | None:
+    """The caller's registered voice ``voice_id`` (None if unknown or another key's;
+    VoiceStoreUnavailableError while the library cannot answer)."""
+    try:
+        return await library.get(voice_id, await library.scope_of(caller))
+    except NotFoundError:
+        return None
+
+
+def check_voice_family(voice: VoiceRecord, backend: ModelBackend, talker: stages_pb2.TalkerInfo) -> None:
+    """A registered voice is spoken only by models of its family (a voice registered before
+    families by any model that can clone): FAILED_PRECONDITION naming the voice's model and
+    family and the requested model otherwise."""
     family = voice_family(talker)
-    if family and voice.family in ("", family):
+    its_family = voice.info.model_family
+    if family and its_family in ("", family):
         return
-    belongs = f"the {voice.family} family" if voice.family else "another model"
-    registered = f", registered with model {voice.model_name!r}" if voice.model_name else ""
+    belongs = f"the {its_family} family" if its_family else "another model"
+    model_name = voice.info.model_name
+    registered = f", registered with model {model_name!r}" if model_name else ""
     cannot = (
         f"a {family} model"
         if family
@@ -58,13 +70,13 @@ def check_voice_family(voice: StoredVoice, backend: ModelBackend, talker: stages
     )
     raise FailedPreconditionError(
         f"voice {voice.voice_id} belongs to {belongs}{registered}; model {backend.name!r} is {cannot} "
-        f"and cannot speak it (use a model of the {voice.family or 'same'} family)"
+        f"and cannot speak it (use a model of the {its_family or 'same'} family)"
     )
 
 
 async def resolve_voice(
     plan: SynthesisPlan,
-    stored: StoredVoice | None,
+    stored: VoiceRecord | None,
     backend: ModelBackend,
     talker: stages_pb2.TalkerInfo,
     request_id: str,
@@ -79,8 +91,15 @@ async def resolve_voice(
         check_speaker_embedding(
             len(stored.speaker_embedding), talker.speaker_embedding_dim, f"registered voice {plan.voice_id}"
         )
-        codes = None if stored.voice.x_vector_only else stored.ref_codes
-        return ResolvedVoice.of(tuple(stored.speaker_embedding), codes, stored.voice.ref_text)
+        ref = stored.ref_codes
+        codes = (
+            None
+            if ref is None
+            else stages_pb2.Codes(
+                num_frames=ref.num_frames, num_codebooks=ref.num_codebooks, values=ref.flat()
+            )
+        )
+        return ResolvedVoice.of(tuple(stored.speaker_embedding.tolist()), codes, stored.info.ref_text)
     if plan.voice_kind == "clone":
         assert plan.clone is not None
         require_speaker(backend)
@@ -91,4 +110,4 @@ async def resolve_voice(
     return ResolvedVoice()
 
 
-__all__ = ["ResolvedVoice", "check_voice_family", "require_speaker", "resolve_voice"]
+__all__ = ["ResolvedVoice", "check_voice_family", "find_registered_voice", "require_speaker", "resolve_voice"]

@@ -1,5 +1,6 @@
 """API-key authentication of the public API: :class:`ApiKeys` (the decision, shared by gRPC and
-HTTP) and :class:`ApiKeyInterceptor` (the gRPC port).
+HTTP), :class:`ApiKeyInterceptor` (the gRPC port) and :class:`Callers` (whose call it is, for
+the voice library: the key and whether it is an admin key).
 
 A call must carry ``authorization: Bearer KEY`` or ``x-api-key: KEY`` (gRPC metadata or HTTP
 headers). Missing key: UNAUTHENTICATED (HTTP 401); a key not in the configured set:
@@ -19,6 +20,8 @@ from tts_common import metrics
 from tts_common.errors import PermissionDeniedError, UnauthenticatedError
 from tts_common.serving.interceptors import RefusingInterceptor
 from tts_common.serving.names import PLUMBING_METHOD_PREFIXES
+
+from ..voice_library import NO_KEYS, Caller
 
 logger = logging.getLogger(__name__)
 
@@ -100,4 +103,24 @@ class ApiKeyInterceptor(RefusingInterceptor):
         return None
 
 
-__all__ = ["ApiKeyInterceptor", "ApiKeys", "OPEN_METHOD_PREFIXES", "extract_api_key"]
+class Callers:
+    """Who makes a call, from its metadata or headers (after authentication): the key
+    :func:`extract_api_key` finds and whether it is one of the admin keys; without API keys every
+    call is the anonymous :data:`~gateway.voice_library.NO_KEYS`."""
+
+    def __init__(self, api_keys: Iterable[str], admin_keys: Iterable[str] = ()) -> None:
+        self.enabled = any(api_keys)
+        admin = [k for k in admin_keys if k]
+        self._admin = ApiKeys(admin) if admin else None
+
+    def of(self, metadata: Iterable[tuple[str, str | bytes]] | None) -> Caller:
+        """The caller of a call with ``metadata`` (gRPC call metadata or HTTP headers)."""
+        if not self.enabled:
+            return NO_KEYS
+        key = extract_api_key(metadata)
+        if key is None:  # authentication refuses such calls first; never the anonymous owner
+            raise UnauthenticatedError("missing API key")
+        return Caller(key, admin=self._admin is not None and self._admin.is_valid(key))
+
+
+__all__ = ["ApiKeyInterceptor", "ApiKeys", "Callers", "OPEN_METHOD_PREFIXES", "extract_api_key"]

@@ -1,9 +1,10 @@
 """The gateway's gRPC servicer: ``qwen3tts.v1.TextToSpeech``, a thin layer over the
-transport-free core :class:`gateway.core.Gateway` (request ids, log context, errors mapped to
-statuses), and the server assembly (API keys, TLS)."""
+transport-free core :class:`gateway.core.Gateway` (request ids, log context, the caller from the
+call's API key, errors mapped to statuses), and the server assembly (API keys, TLS)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -21,7 +22,8 @@ from tts_common.serving.server import build_server
 from ..config import STAGE, GatewayConfig
 from ..core import Gateway
 from ..synthesis.text_cutter import read_config
-from .auth import ApiKeyInterceptor
+from ..voice_library import Caller
+from .auth import ApiKeyInterceptor, Callers
 
 SERVICE_NAME = service_name(tts_pb2, "TextToSpeech")
 
@@ -31,6 +33,11 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
 
     def __init__(self, gateway: Gateway) -> None:
         self.gateway = gateway
+        self.callers = Callers(gateway.config.api_keys, gateway.config.voices_admin_keys)
+
+    def caller(self, context: grpc.aio.ServicerContext) -> Caller:
+        """Whose call it is (its API key; the interceptor has accepted it)."""
+        return self.callers.of(context.invocation_metadata())
 
     @handle_rpc_errors(stage=STAGE)
     async def Synthesize(
@@ -40,7 +47,11 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         request_id = resolve_request_id(request.request_id, context)
         with request_context(request_id):
             responses = self.gateway.unary.synthesize(
-                request, request_id, received=received, time_remaining=context.time_remaining()
+                request,
+                request_id,
+                caller=self.caller(context),
+                received=received,
+                time_remaining=context.time_remaining(),
             )
             async for response in responses:
                 yield response
@@ -57,7 +68,12 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         request_id = resolve_request_id(config.request_id, context)
         with request_context(request_id):
             responses = self.gateway.streamed.synthesize(
-                config, messages, request_id, received=received, time_remaining=context.time_remaining()
+                config,
+                messages,
+                request_id,
+                caller=self.caller(context),
+                received=received,
+                time_remaining=context.time_remaining(),
             )
             async for response in responses:
                 yield response
@@ -67,7 +83,7 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
         self, request: tts_pb2.ListVoicesRequest, context: grpc.aio.ServicerContext
     ) -> tts_pb2.ListVoicesResponse:
         with request_context(resolve_request_id("", context)):
-            return await self.gateway.voices.list_voices(request.model)
+            return await self.gateway.voices.list_voices(request, self.caller(context))
 
     @handle_rpc_errors(stage=STAGE)
     async def GetModelInfo(
@@ -89,15 +105,47 @@ class GatewayServicer(tts_pb2_grpc.TextToSpeechServicer):
     ) -> tts_pb2.Voice:
         request_id = resolve_request_id("", context)
         with request_context(request_id):
-            return await self.gateway.voices.register(request, request_id, context.time_remaining())
+            return await self.gateway.voices.register(
+                request, self.caller(context), request_id, context.time_remaining()
+            )
 
     @handle_rpc_errors(stage=STAGE)
     async def DeleteVoice(
         self, request: tts_pb2.DeleteVoiceRequest, context: grpc.aio.ServicerContext
     ) -> tts_pb2.DeleteVoiceResponse:
         with request_context(resolve_request_id("", context)):
-            await self.gateway.voices.delete(request.voice_id)
+            await self.gateway.voices.delete(request.voice_id, self.caller(context))
             return tts_pb2.DeleteVoiceResponse()
+
+    @handle_rpc_errors(stage=STAGE)
+    async def GetVoice(
+        self, request: tts_pb2.GetVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> tts_pb2.Voice:
+        with request_context(resolve_request_id("", context)):
+            return await self.gateway.voices.get(request.voice_id, self.caller(context))
+
+    @handle_rpc_errors(stage=STAGE)
+    async def UpdateVoice(
+        self, request: tts_pb2.UpdateVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> tts_pb2.Voice:
+        with request_context(resolve_request_id("", context)):
+            return await self.gateway.voices.update(request, self.caller(context))
+
+    @handle_rpc_errors(stage=STAGE)
+    async def ExportVoice(
+        self, request: tts_pb2.ExportVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> tts_pb2.ExportVoiceResponse:
+        with request_context(resolve_request_id("", context)):
+            document = await self.gateway.voices.export(request.voice_id, self.caller(context))
+            return tts_pb2.ExportVoiceResponse(document=json.dumps(document, ensure_ascii=False))
+
+    @handle_rpc_errors(stage=STAGE)
+    async def ImportVoice(
+        self, request: tts_pb2.ImportVoiceRequest, context: grpc.aio.ServicerContext
+    ) -> tts_pb2.Voice:
+        with request_context(resolve_request_id("", context)):
+            voices = self.gateway.voices
+            return await voices.import_document(voices.parse_document(request.document), self.caller(context))
 
 
 # ---------------------------------------------------------------------------------------------

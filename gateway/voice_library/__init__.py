@@ -17,7 +17,9 @@ Design
   speaker embedding and int32 reference codes stored as little-endian bytes (exact round trip),
   the transcript, ``x_vector_only``, the reference duration and audio digest.
 * **Ownership** (:mod:`.scope`): the owner is HMAC-SHA256 of the API key under a server secret
-  (configured, or generated once into the database); ``""`` when keys are off. Another owner's
+  (configured, or generated once into the database); ``""`` when keys are off. A call's
+  :class:`Caller` (its key, as the transports saw it) becomes a :class:`Scope` only when it
+  touches a voice (:meth:`VoiceLibrary.scope_of`). Another owner's
   voice is NotFoundError on get, update, delete and export, and absent from listings, so ids do
   not leak; the admin :class:`Scope` sees every voice.
 * **Limits**: ``max_voices`` over the library and ``max_voices_per_owner``, checked and inserted
@@ -34,7 +36,7 @@ Design
   the same transaction as the change (triggers refuse UPDATE and DELETE of the trail).
 * **Moving voices**: :meth:`VoiceLibrary.export` gives a versioned JSON document
   (:mod:`.documents`) that :meth:`VoiceLibrary.import_document` reads back; a legacy
-  ``--voices-dir`` (``gateway.voices`` JSON files) is imported once by
+  ``--voices-dir`` (the JSON files gateways wrote before the library) is imported once by
   :meth:`VoiceLibrary.import_legacy_directory`.
 """
 
@@ -57,16 +59,18 @@ from .records import (
     new_voice_id,
 )
 from .schema import LATEST_VERSION
-from .scope import ANONYMOUS, OwnerDigest, Scope
+from .scope import ANONYMOUS, NO_KEYS, Caller, OwnerDigest, Scope
 from .sqlite import SqliteVoiceLibrary
 
 __all__ = [
     "ANONYMOUS",
     "AuditEntry",
+    "Caller",
     "DOCUMENT_FORMAT",
     "DOCUMENT_VERSION",
     "LATEST_VERSION",
     "LegacyImport",
+    "NO_KEYS",
     "NewVoice",
     "OwnerDigest",
     "PostgresVoiceLibrary",

@@ -1,14 +1,19 @@
 """Voices as JSON documents: the versioned export document (:func:`export_document`,
 :func:`parse_document`) that moves a voice between deployments, and the legacy ``--voices-dir``
-file (:func:`parse_legacy_file`, the format ``gateway.voices.StoredVoice.to_json`` writes).
+file (:func:`parse_legacy_file`: one JSON file per voice, as gateways before the library wrote
+them; since several models behind one gateway also with ``family`` and ``design``).
 
 The export document (``format`` ``qwen3-tts-voice``, ``format_version`` 1)::
 
     {"format": "qwen3-tts-voice", "format_version": 1, "exported_at": "2025-...Z",
      "voice": {"voice_id", "name", "description", "labels", "model_family", "model_name",
                "consent", "x_vector_only", "ref_text", "ref_audio_seconds", "audio_sha256",
-               "created_at", "updated_at", "speaker_embedding": [float, ...],
+               "created_at", "updated_at", "design": {...} | null,
+               "speaker_embedding": [float, ...],
                "ref_codes": {"num_frames", "num_codebooks", "values": [int, ...]} | null}}
+
+(``design``, how a designed voice was made, came after the first release of version 1: a reader
+takes a document without it as a voice cloned from a recording.)
 
 Embedding values are JSON numbers: a float32 widened to a double prints (``repr``) as the shortest
 decimal that reads back to the same double, hence to the same float32, so the round trip is exact.
@@ -36,7 +41,7 @@ logger = logging.getLogger(__name__)
 DOCUMENT_FORMAT = "qwen3-tts-voice"
 DOCUMENT_VERSION = 1
 LEGACY_FORMAT_VERSION = 1
-"""``format_version`` of the legacy voice files (``gateway.voices.FORMAT_VERSION``)."""
+"""``format_version`` of the legacy voice files."""
 
 
 def _time(moment: datetime) -> str:
@@ -65,6 +70,7 @@ def export_document(record: VoiceRecord) -> dict[str, Any]:
             "audio_sha256": info.audio_sha256,
             "created_at": _time(info.created_at),
             "updated_at": _time(info.updated_at),
+            "design": None if info.design is None else dict(info.design),
             "speaker_embedding": record.speaker_embedding.tolist(),
             "ref_codes": None
             if codes is None
@@ -129,6 +135,14 @@ def _payload(data: Mapping[str, Any]) -> dict[str, Any]:
     }
 
 
+def _design(data: Mapping[str, Any]) -> Mapping[str, Any] | None:
+    """The optional ``design`` object (null or absent: none)."""
+    design = data.get("design")
+    if design is not None and not isinstance(design, Mapping):
+        raise InvalidRequestError("voice document: 'design' must be an object or null")
+    return design
+
+
 def parse_document(document: Any) -> NewVoice:
     """The voice of an export document (InvalidRequestError when it is not one, or of a newer
     version). Its id and creation time are kept as proposals; the fields are checked again by the
@@ -155,13 +169,14 @@ def parse_document(document: Any) -> NewVoice:
         created_at=_parse_time(_field(voice, "created_at", str), "created_at")
         if "created_at" in voice
         else None,
+        design=_design(voice),
     )
 
 
 def parse_legacy_file(data: Any) -> NewVoice:
-    """A voice file of the legacy ``--voices-dir`` (``gateway.voices.StoredVoice.to_json``):
-    InvalidRequestError when malformed. Model family, owner and consent are not in that format;
-    the importer sets them."""
+    """A voice file of the legacy ``--voices-dir``: InvalidRequestError when malformed. Its
+    ``family`` (files written since several models behind one gateway; "" before) and ``design``
+    are kept; owner and consent are not in that format, the importer sets them."""
     if not isinstance(data, Mapping):
         raise InvalidRequestError("legacy voice file: expected a JSON object")
     if data.get("format_version") != LEGACY_FORMAT_VERSION:
@@ -177,6 +192,8 @@ def parse_legacy_file(data: Any) -> NewVoice:
         **_payload(data),
         voice_id=_field(data, "voice_id", str),
         created_at=datetime_from_us(created.ToMicroseconds()),
+        model_family=_field(data, "family", str, ""),
+        design=_design(data),
     )
 
 

@@ -17,7 +17,7 @@ import json
 import logging
 import os
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -42,7 +42,7 @@ from .records import (
     now_us,
 )
 from .schema import Dialect, apply_migrations
-from .scope import OwnerDigest, Scope
+from .scope import Caller, OwnerDigest, Scope
 from .sql import (
     INFO_COLUMNS,
     RECORD_COLUMNS,
@@ -208,6 +208,15 @@ class VoiceLibrary(ABC):
         assert self._owner_digest is not None
         return self._owner_digest
 
+    async def scope_of(self, caller: Caller) -> Scope:
+        """The scope of a call: anonymous without API keys (no database access), else its key's
+        owner digest, admin or not (reading the database's secret, once, when none is
+        configured: VoiceStoreUnavailableError while the database cannot answer)."""
+        if caller.api_key is None:
+            return Scope(admin=caller.admin)
+        digest = await self.owner_digest()
+        return digest.scope_of(caller.api_key, admin=caller.admin)
+
     async def schema_version(self) -> int:
         """The newest schema version applied to the database."""
 
@@ -244,6 +253,16 @@ class VoiceLibrary(ABC):
         return await self._run(
             "importing a voice", lambda: self._insert(checked, scope, "import", keep_id_if_free=True)
         )
+
+    async def check_capacity(self, scope: Scope) -> None:
+        """CapacityError if :meth:`add` would refuse a voice of ``scope.owner`` now (a cheap early
+        answer, before a registration's costly part; :meth:`add` checks again under its lock)."""
+
+        async def op() -> None:
+            async with self._transaction(write=False) as tx:
+                await self._admit(tx, scope.owner)
+
+        await self._run("checking the voice limits", op)
 
     async def _admit(self, tx: Transaction, owner: str) -> None:
         row = await tx.fetchrow(
@@ -293,7 +312,9 @@ class VoiceLibrary(ABC):
 
         return await self._run("reading a voice", op)
 
-    def _where(self, scope: Scope, model_family: str | None, owner: str | None, args: list[Any]) -> list[str]:
+    def _where(
+        self, scope: Scope, model_family: str | Sequence[str] | None, owner: str | None, args: list[Any]
+    ) -> list[str]:
         conditions: list[str] = []
         if not scope.admin:
             owner = scope.owner
@@ -301,22 +322,29 @@ class VoiceLibrary(ABC):
             args.append(owner)
             conditions.append(f"owner = ${len(args)}")
         if model_family is not None:
-            args.append(model_family)
-            conditions.append(f"model_family = ${len(args)}")
+            families = [model_family] if isinstance(model_family, str) else list(dict.fromkeys(model_family))
+            if not families:
+                conditions.append("1 = 0")
+            places = []
+            for family in families:
+                args.append(family)
+                places.append(f"${len(args)}")
+            if places:
+                conditions.append(f"model_family IN ({', '.join(places)})")
         return conditions
 
     async def list_voices(
         self,
         scope: Scope,
         *,
-        model_family: str | None = None,
+        model_family: str | Sequence[str] | None = None,
         owner: str | None = None,
         page_size: int = 100,
         page_token: str = "",
     ) -> VoicePage:
-        """The voices visible in ``scope`` (the admin may narrow to one ``owner``), of one
-        ``model_family`` if given, oldest first (then by id), ``page_size`` (1-1000) at a time;
-        pass ``next_page_token`` back for the next page."""
+        """The voices visible in ``scope`` (the admin may narrow to one ``owner``), of
+        ``model_family`` if given (one, or any of several), oldest first (then by id),
+        ``page_size`` (1-1000) at a time; pass ``next_page_token`` back for the next page."""
         if not 1 <= page_size <= MAX_PAGE_SIZE:
             raise InvalidRequestError(f"page_size must be 1 to {MAX_PAGE_SIZE}")
         args: list[Any] = []
@@ -341,7 +369,7 @@ class VoiceLibrary(ABC):
         return await self._run("listing voices", op)
 
     async def iter_voices(
-        self, scope: Scope, *, model_family: str | None = None, owner: str | None = None
+        self, scope: Scope, *, model_family: str | Sequence[str] | None = None, owner: str | None = None
     ) -> AsyncIterator[VoiceInfo]:
         """Every voice of :meth:`list_voices`, page after page."""
         token = ""
@@ -355,7 +383,9 @@ class VoiceLibrary(ABC):
                 return
             token = page.next_page_token
 
-    async def count(self, scope: Scope, *, model_family: str | None = None, owner: str | None = None) -> int:
+    async def count(
+        self, scope: Scope, *, model_family: str | Sequence[str] | None = None, owner: str | None = None
+    ) -> int:
         """How many voices :meth:`list_voices` would give."""
         args: list[Any] = []
         conditions = self._where(scope, model_family, owner, args)
@@ -505,12 +535,14 @@ class VoiceLibrary(ABC):
         again: bool = False,
         timeout_s: float = 120.0,
     ) -> LegacyImport:
-        """Import the voice files of a legacy ``--voices-dir`` (``gateway.voices`` JSON), once:
+        """Import the voice files of a legacy ``--voices-dir`` (one JSON file per voice), once:
         the import is recorded under the directory's absolute path and later calls return
         ``already_done`` without reading it (``again`` imports it anew). All in one transaction;
         ids already in the library are left alone; unreadable files are skipped and logged.
-        The voices get ``owner``, ``model_family`` and ``consent`` (the legacy format has none);
-        ``max_voices`` and quotas do not apply (those voices were admitted before)."""
+        The voices get ``owner`` and ``consent`` (the legacy format has neither) and keep their
+        file's ``family``; ``model_family`` is given to those without one (files older than
+        model families). ``max_voices`` and quotas do not apply (those voices were admitted
+        before)."""
         source = str(Path(directory).resolve())
         done_sql = "SELECT imported FROM legacy_imports WHERE source = $1"
 
@@ -533,7 +565,7 @@ class VoiceLibrary(ABC):
                     assert voice.voice_id is not None
                     if await voice_exists(tx, voice.voice_id):
                         continue
-                    voice = replace(voice, model_family=model_family, consent=consent)
+                    voice = replace(voice, model_family=voice.model_family or model_family, consent=consent)
                     await insert_voice(tx, voice, voice.voice_id, owner)
                     await append_audit(
                         tx, system, "legacy_import", voice.voice_id, {"name": voice.name, "source": source}

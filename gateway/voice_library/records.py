@@ -9,6 +9,7 @@ little-endian bytes, so they round-trip bit for bit.
 
 from __future__ import annotations
 
+import json
 import math
 import re
 import time
@@ -23,11 +24,12 @@ import numpy as np
 from tts_common.errors import InvalidRequestError
 
 VOICE_ID_PATTERN = re.compile(r"^voice-[0-9a-f]{32}$")
-"""The form of a voice id: ``voice-`` and 32 lower-case hex digits (that of ``gateway.voices``)."""
+"""The form of a voice id: ``voice-`` and 32 lower-case hex digits (also that of the legacy
+voice files)."""
 
 MAX_NAME_CHARS = 200
-"""Longest voice name (equal to ``gateway.validation.MAX_VOICE_NAME_CHARS``, which checks
-RegisterVoice before the reference is embedded)."""
+"""Longest voice name (the gateway checks a registration's fields with :func:`check_metadata`
+before the reference is embedded)."""
 MAX_DESCRIPTION_CHARS = 2000
 """Longest description."""
 MAX_CONSENT_CHARS = 4000
@@ -44,6 +46,8 @@ MAX_EMBEDDING_DIM = 16_384
 """Longest speaker embedding (the released talkers use 1024 and 2048)."""
 MAX_REF_CODES = 4_000_000
 """Most reference code values (frames x codebooks)."""
+MAX_DESIGN_CHARS = 16_000
+"""Longest design record (its JSON text)."""
 
 _LABEL_KEY = re.compile(r"^[A-Za-z0-9_.:-]+$")
 _SHA256 = re.compile(r"^([0-9a-f]{64})?$")
@@ -163,6 +167,9 @@ class VoiceInfo:
     audio_sha256: str
     created_at: datetime
     updated_at: datetime
+    design: Mapping[str, Any] | None = None
+    """How a designed voice was made (the gateway's ``VoiceDesign`` as a JSON object: the
+    instruction, text, language, seed and model); None for a voice cloned from a recording."""
 
 
 @dataclass(frozen=True, eq=False)
@@ -211,6 +218,8 @@ class NewVoice:
     """A chosen id (imports keep theirs when free); None: a fresh one."""
     created_at: datetime | None = None
     """Kept by imports; None: now."""
+    design: Mapping[str, Any] | None = None
+    """How a designed voice was made (:attr:`VoiceInfo.design`)."""
 
 
 @dataclass(frozen=True)
@@ -276,10 +285,38 @@ def check_labels(labels: object) -> dict[str, str]:
     return checked
 
 
+def check_design(design: object) -> dict[str, Any] | None:
+    """A design record as a plain JSON object (None stays None), or InvalidRequestError."""
+    if design is None:
+        return None
+    if not isinstance(design, Mapping) or not all(isinstance(key, str) for key in design):
+        raise InvalidRequestError("design must be a JSON object")
+    try:
+        text = json.dumps(dict(design), sort_keys=True, ensure_ascii=False, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidRequestError(f"design is not plain JSON: {exc}") from None
+    if len(text) > MAX_DESIGN_CHARS:
+        raise InvalidRequestError(f"design is too long: {len(text)} characters (maximum {MAX_DESIGN_CHARS})")
+    checked: dict[str, Any] = json.loads(text)
+    return checked
+
+
 def check_voice_id(voice_id: str) -> str:
     if not isinstance(voice_id, str) or not VOICE_ID_PATTERN.match(voice_id):
         raise InvalidRequestError(f"malformed voice_id {voice_id!r} (voice- and 32 hex digits)")
     return voice_id
+
+
+def check_metadata(
+    *, name: str = "", description: str = "", consent: str = "", labels: Mapping[str, str] | None = None
+) -> None:
+    """The checks :func:`check_new_voice` makes of what a user names and describes a voice with,
+    for a registration to fail fast, before its reference is embedded."""
+    _check_text("name", name, MAX_NAME_CHARS)
+    _check_text("description", description, MAX_DESCRIPTION_CHARS)
+    _check_text("consent", consent, MAX_CONSENT_CHARS)
+    if labels is not None:
+        check_labels(labels)
 
 
 def check_new_voice(voice: NewVoice) -> NewVoice:
@@ -292,10 +329,8 @@ def check_new_voice(voice: NewVoice) -> NewVoice:
         raise InvalidRequestError(f"ref_codes: more than {MAX_REF_CODES} values")
     if voice.voice_id is not None:
         check_voice_id(voice.voice_id)
+    check_metadata(name=voice.name, description=voice.description, consent=voice.consent)
     for what, limit in (
-        ("name", MAX_NAME_CHARS),
-        ("description", MAX_DESCRIPTION_CHARS),
-        ("consent", MAX_CONSENT_CHARS),
         ("ref_text", MAX_TEXT_CHARS),
         ("model_family", MAX_NAME_CHARS),
         ("model_name", MAX_NAME_CHARS),
@@ -326,6 +361,7 @@ def check_new_voice(voice: NewVoice) -> NewVoice:
         audio_sha256=voice.audio_sha256,
         voice_id=voice.voice_id,
         created_at=voice.created_at,
+        design=check_design(voice.design),
     )
 
 
@@ -342,6 +378,7 @@ def check_patch(patch: VoicePatch) -> VoicePatch:
 
 __all__ = [
     "AuditEntry",
+    "MAX_DESCRIPTION_CHARS",
     "MAX_NAME_CHARS",
     "NewVoice",
     "RefCodes",
@@ -350,7 +387,9 @@ __all__ = [
     "VoicePage",
     "VoicePatch",
     "VoiceRecord",
+    "check_design",
     "check_labels",
+    "check_metadata",
     "check_new_voice",
     "check_patch",
     "check_voice_id",

@@ -18,6 +18,9 @@ Tables (version 1):
 * ``library_meta``: key/value settings of the library (the generated owner secret).
 * ``legacy_imports``: the legacy ``--voices-dir`` directories already imported.
 * ``schema_migrations``: the applied versions.
+
+Version 2 adds ``voices.design``: how a designed voice was made (a JSON object), ``''`` for a
+voice cloned from a recording.
 """
 
 from __future__ import annotations
@@ -132,6 +135,14 @@ MIGRATIONS: tuple[Migration, ...] = (
                     skipped INTEGER NOT NULL)""",
                 *_COMMON_V1,
             ),
+        },
+    ),
+    Migration(
+        2,
+        "voices.design: how a designed voice was made",
+        {
+            "sqlite": ("ALTER TABLE voices ADD COLUMN design TEXT NOT NULL DEFAULT ''",),
+            "postgresql": ("ALTER TABLE voices ADD COLUMN design TEXT NOT NULL DEFAULT ''",),
         },
     ),
 )

@@ -1,5 +1,6 @@
-"""Who is asking: :class:`Scope` (an owner, or the admin who sees every voice) and
-:class:`OwnerDigest` (an API key to the owner stored with its voices).
+"""Who is asking: :class:`Caller` (the API key a call presented, as the transports saw it),
+:class:`Scope` (an owner, or the admin who sees every voice) and :class:`OwnerDigest` (an API key
+to the owner stored with its voices).
 
 Keys never reach the store in clear: a voice's owner is HMAC-SHA256(secret, key) in hex. The
 secret is the server's (``VoiceLibraryConfig.owner_secret``), or, unset, a random one the library
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 MIN_SECRET_BYTES = 16
 """Shortest accepted owner secret."""
@@ -52,4 +53,22 @@ class Scope:
 ANONYMOUS = Scope()
 """The scope of every call when API keys are off."""
 
-__all__ = ["ANONYMOUS", "MIN_SECRET_BYTES", "OwnerDigest", "Scope"]
+
+@dataclass(frozen=True)
+class Caller:
+    """Who makes a call, before the library turns it into a :class:`Scope`
+    (:meth:`VoiceLibrary.scope_of`, which may need the database's secret): the transports know
+    the key, only voice operations need its digest, so a call that touches no voice never waits
+    for the database."""
+
+    api_key: str | None = field(default=None, repr=False)
+    """The API key the call presented; None when the gateway has no API keys (anonymous)."""
+
+    admin: bool = False
+    """The key is an admin key (sees and manages every owner's voices)."""
+
+
+NO_KEYS = Caller()
+"""The caller of every call when API keys are off."""
+
+__all__ = ["ANONYMOUS", "Caller", "MIN_SECRET_BYTES", "NO_KEYS", "OwnerDigest", "Scope"]

@@ -22,7 +22,7 @@ Lock = Literal["migrate", "admit"]
 
 INFO_COLUMNS = (
     "voice_id, owner, name, description, labels, model_family, model_name, consent, x_vector_only, "
-    "ref_text, ref_audio_seconds, audio_sha256, created_us, updated_us"
+    "ref_text, ref_audio_seconds, audio_sha256, created_us, updated_us, design"
 )
 RECORD_COLUMNS = INFO_COLUMNS + ", embedding, codes, code_frames, code_books"
 
@@ -59,6 +59,7 @@ def info_from_row(row: Mapping[str, Any]) -> VoiceInfo:
         audio_sha256=row["audio_sha256"],
         created_at=datetime_from_us(int(row["created_us"])),
         updated_at=datetime_from_us(int(row["updated_us"])),
+        design=json.loads(row["design"]) if row["design"] else None,
     )
 
 
@@ -106,7 +107,7 @@ async def insert_voice(tx: Transaction, voice: NewVoice, voice_id: str, owner: s
     embedding = np.asarray(voice.speaker_embedding, dtype=np.float32)
     row = await tx.fetchrow(
         f"INSERT INTO voices ({RECORD_COLUMNS}) VALUES "
-        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18) "
+        "($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13, $14, $15, $16, $17, $18, $19) "
         f"RETURNING {RECORD_COLUMNS}",
         voice_id,
         owner,
@@ -122,6 +123,7 @@ async def insert_voice(tx: Transaction, voice: NewVoice, voice_id: str, owner: s
         voice.audio_sha256,
         created,
         now,
+        "" if voice.design is None else json.dumps(dict(voice.design), sort_keys=True, ensure_ascii=False),
         embedding.astype("<f4").tobytes(),
         None if codes is None else codes.to_bytes(),
         0 if codes is None else codes.num_frames,

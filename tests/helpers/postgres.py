@@ -82,6 +82,8 @@ def throwaway_unavailable() -> str | None:
             pwd.getpwnam("postgres")
         except KeyError:
             return "running as root and there is no 'postgres' user to run a server as"
+        if shutil.which("runuser") is None:
+            return "running as root without runuser (util-linux) to run a server as 'postgres'"
     return None
 
 
@@ -110,12 +112,15 @@ class ThrowawayPostgres:
         return f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
 
     def _run(self, tool: str, *args: str) -> None:
+        # As another user through runuser rather than subprocess's user=: that makes Python fork
+        # (not vfork), which runs gRPC's fork handlers, and a child forked beside a busy
+        # in-process gRPC server (a test's gateway) can crash before it execs.
+        switch = ["runuser", "-u", self._user, "--"] if self._user else []
         subprocess.run(
-            [str(self._bin / tool), *args],
+            [*switch, str(self._bin / tool), *args],
             check=True,
             capture_output=True,
             timeout=60,
-            user=self._user,
             cwd=self._root,
         )
 

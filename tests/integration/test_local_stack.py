@@ -40,10 +40,22 @@ def _ignore_sigint() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def _voices_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """The stacks' voice library in a temporary directory (not up's default in the checkout)."""
+    global VOICES_DB
+    VOICES_DB = str(tmp_path_factory.mktemp("voices") / "voices.db")
+    yield
+
+
+VOICES_DB = ""
+
+
 def _up_command(base: int, port: int, http_port: int, replicas: int = 1) -> list[str]:
     return [
         sys.executable, "-m", "qwen3_tts.cli", "up", "--model", str(MODEL), "--port", str(port),
         "--base-port", str(base), "--http-port", str(http_port), "--replicas", str(replicas),
+        "--voices-db", VOICES_DB,
     ]  # fmt: skip
 
 

@@ -8,6 +8,7 @@ import asyncio
 import functools
 import inspect
 import logging
+import math
 from collections.abc import AsyncIterator, Callable
 from typing import Any, NoReturn, TypeVar
 
@@ -17,6 +18,16 @@ from tts_common import metrics
 from tts_common.errors import TTSError
 
 logger = logging.getLogger(__name__)
+
+RETRY_AFTER_METADATA = "retry-after"
+"""Trailing metadata key of a failure's retry hint (whole seconds, as HTTP's ``Retry-After``)."""
+
+
+def retry_after_seconds(exc: BaseException) -> int | None:
+    """The retry hint of ``exc`` in whole seconds (at least 1), where it has one
+    (``TTSError.retry_after_s``)."""
+    hint = exc.retry_after_s if isinstance(exc, TTSError) else None
+    return None if hint is None else max(1, math.ceil(hint))
 
 
 def grpc_status_for(exc: BaseException) -> grpc.StatusCode:
@@ -47,14 +58,17 @@ def _details_for(exc: BaseException, code: grpc.StatusCode) -> str:
 
 async def abort_for_exception(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
     """Log ``exc`` (with traceback if it is an internal error) and fail the RPC with the
-    matching status (:func:`grpc_status_for`). Never returns."""
+    matching status (:func:`grpc_status_for`) and its retry hint (:func:`retry_after_seconds`,
+    trailing metadata ``retry-after``). Never returns."""
     code = grpc_status_for(exc)
     details = _details_for(exc, code)
     if code is grpc.StatusCode.INTERNAL:
         logger.error("RPC failed: %s", details, exc_info=exc)
     else:
         logger.info("RPC failed: %s: %s", code.name, details)
-    await context.abort(code, details)
+    retry_after = retry_after_seconds(exc)
+    trailing = () if retry_after is None else ((RETRY_AFTER_METADATA, str(retry_after)),)
+    await context.abort(code, details, trailing_metadata=trailing)
     raise AssertionError("unreachable")  # context.abort always raises
 
 
@@ -125,4 +139,10 @@ def _abort_status(context: grpc.aio.ServicerContext) -> str:
     return grpc.StatusCode.UNKNOWN.name
 
 
-__all__ = ["abort_for_exception", "grpc_status_for", "handle_rpc_errors"]
+__all__ = [
+    "RETRY_AFTER_METADATA",
+    "abort_for_exception",
+    "grpc_status_for",
+    "handle_rpc_errors",
+    "retry_after_seconds",
+]

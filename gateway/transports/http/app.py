@@ -10,14 +10,8 @@ not serving: starting up or shutting down):
   streamed in the requested format, or OpenAI's server-sent events (``stream_format: "sse"``);
 * ``GET /v1/models`` and ``GET /v1/models/{id}`` — every served model with its type, size and
   capabilities;
-* ``GET /v1/audio/voices?model=NAME`` — a model's preset speakers, the registered voices it can
-  speak and the aliases, with its languages and capabilities (the default model without
-  ``model``);
-* ``POST /v1/audio/voices`` — register a voice (multipart form): cloned from an upload
-  (``audio_sample``, ``name``, ``ref_text`` or ``x_vector_only``) or designed ("Voice Design,
-  then Clone": ``instructions`` and ``text``, optional ``language``, ``seed`` and
-  ``design_model``), embedded by the Base model ``model`` (default: the first that can clone);
-  ``DELETE /v1/audio/voices/{id}``;
+* ``/v1/audio/voices`` — list, register, read, change, export, import and delete voices
+  (:mod:`.voices`);
 * ``GET /health`` — readiness: 200 while serving, else 503, also while no talker or no decoder
   replica is reachable (like the gRPC service's health; load-balancer and container probes; no
   key);
@@ -34,21 +28,21 @@ import logging
 import time
 from collections.abc import Mapping
 from importlib import resources
-from typing import Annotated, Any
+from typing import Any
 
 import grpc
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Query, Request, UploadFile, WebSocket
+from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
 from fastapi.responses import HTMLResponse, JSONResponse
 from google.protobuf.json_format import MessageToDict
 
-from tts_common.errors import InvalidRequestError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.health import ServingHealth
 
 from ...config import GatewayConfig
 from ...core import Gateway
-from ..auth import ApiKeys
+from ...voice_library import Caller
+from ..auth import ApiKeys, Callers
 from .connection import check_ready, request_id_of
 from .errors import count, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
@@ -56,11 +50,11 @@ from .limits import BodySizeLimit
 from .schemas import SpeechRequest
 from .speech import speech_request
 from .streaming import SynthesisResponse, audio_bytes, sse_events
+from .voices import VOICES_PATH, voices_router
 from .websocket import STREAM_PATH, SpeechStream
 
 logger = logging.getLogger(__name__)
 
-VOICES_PATH = "/v1/audio/voices"
 OWNED_BY = "qwen3-tts"
 
 
@@ -77,6 +71,7 @@ class HttpApi:
         self.config = config
         self.aliases: Mapping[str, str] = dict(config.voice_alias)
         self.keys = ApiKeys(config.api_keys) if config.api_keys else None
+        self.callers = Callers(config.api_keys, config.voices_admin_keys)
         self.health: ServingHealth | None = None
         """Set when the server starts (None: always ready, for embedding in tests)."""
 
@@ -90,6 +85,10 @@ class HttpApi:
         if self.keys is not None:
             self.keys.authenticate(request.headers.items(), "header")
 
+    def caller(self, request: Request) -> Caller:
+        """Whose request it is (its API key, accepted by :meth:`check_key`)."""
+        return self.callers.of(request.headers.items())
+
     # --- routes ---------------------------------------------------------------------------------
     async def speech(self, body: Any, request: Request) -> SynthesisResponse:
         received = time.monotonic()
@@ -98,7 +97,7 @@ class HttpApi:
         with request_context(request_id):
             message = await speech_request(body, request_id, self.gateway, self.aliases)
             responses = self.gateway.unary.synthesize(
-                message, request_id, received=received, speed=body.speed
+                message, request_id, caller=self.caller(request), received=received, speed=body.speed
             )
             first = await anext(responses)  # validated, admitted, stages started: or an error
         metadata = first.metadata
@@ -127,43 +126,6 @@ class HttpApi:
         model = model_object(await self.gateway.catalog.model_info(model_id))
         count_ok()
         return model
-
-    async def list_voices(self, model: str) -> dict[str, Any]:
-        listing = await self.gateway.voices.list_voices(model)
-        data: list[dict[str, Any]] = [
-            {"id": s.name, "object": "audio.voice", "type": "preset", "name": s.name, "dialect": s.dialect}
-            for s in listing.speakers
-        ]
-        data += [voice_object(v) for v in listing.voices]
-        data += [
-            {"id": alias, "object": "audio.voice", "type": "alias", "name": alias, "target": target}
-            for alias, target in sorted(self.aliases.items())
-        ]
-        count_ok()
-        return {
-            "object": "list",
-            "data": data,
-            "model": listing.model,
-            "model_type": listing.model_type,
-            "model_size": listing.model_size,
-            "languages": list(listing.languages),
-            "instruct_supported": listing.instruct_supported,
-            "voice_clone_supported": listing.voice_clone_supported,
-            "sample_rate": listing.sample_rate,
-        }
-
-    async def register_voice(self, request: Request, form: VoiceForm) -> dict[str, Any]:
-        request_id = request_id_of(request)
-        with request_context(request_id):
-            message = await form.request()
-            voice = await self.gateway.voices.register(message, request_id, None)
-        count_ok()
-        return voice_object(voice)
-
-    async def delete_voice(self, voice_id: str) -> dict[str, Any]:
-        await self.gateway.voices.delete(voice_id)
-        count_ok()
-        return {"id": voice_id, "object": "audio.voice.deleted", "deleted": True}
 
     def health_response(self) -> JSONResponse:
         # Readiness, as the gRPC service's status: the k8s readiness probe and the Compose
@@ -205,89 +167,6 @@ def model_object(info: tts_pb2.ModelInfo) -> dict[str, Any]:
     }
 
 
-def voice_object(voice: tts_pb2.Voice) -> dict[str, Any]:
-    """A registered voice as OpenAI's voice object, plus its cloning details."""
-    data: dict[str, Any] = {
-        "id": voice.voice_id,
-        "object": "audio.voice",
-        "type": "audio_sample",
-        "name": voice.name,
-        "created_at": voice.created_at.seconds,
-        "x_vector_only": voice.x_vector_only,
-        "ref_text": voice.ref_text,
-        "ref_audio_seconds": voice.ref_audio_seconds,
-        "model": voice.model,
-        "family": voice.family,
-    }
-    if voice.HasField("design"):
-        data["type"] = "designed"
-        data["design"] = {
-            "instructions": voice.design.instruct,
-            "text": voice.design.text,
-            "language": voice.design.language,
-            "seed": voice.design.seed,
-            "model": voice.design.model,
-        }
-    return data
-
-
-class VoiceForm:
-    """The multipart form of ``POST /v1/audio/voices``: a reference upload or a design."""
-
-    def __init__(
-        self,
-        audio_sample: Annotated[
-            UploadFile | None, File(description="Reference recording (any audio file); or design a voice.")
-        ] = None,
-        name: Annotated[str, Form()] = "",
-        ref_text: Annotated[str, Form(description="Transcript of the recording.")] = "",
-        x_vector_only: Annotated[bool, Form()] = False,
-        model: Annotated[
-            str, Form(description="The Base model that clones the voice (default: the first that can).")
-        ] = "",
-        instructions: Annotated[str, Form(description="Design: the voice, described.")] = "",
-        text: Annotated[str, Form(description="Design: what the voice says in its reference.")] = "",
-        language: Annotated[str, Form(description="Design: the language of `text`.")] = "",
-        seed: Annotated[int | None, Form(ge=0, le=2**64 - 1, description="Design: sampling seed.")] = None,
-        design_model: Annotated[
-            str, Form(description="Design: the VoiceDesign model (default: the first served).")
-        ] = "",
-        consent: Annotated[str, Form(description="Accepted for OpenAI SDK compatibility; unused.")] = "",
-    ) -> None:
-        self.audio_sample = audio_sample
-        self.name, self.ref_text, self.x_vector_only, self.model = name, ref_text, x_vector_only, model
-        self.design = tts_pb2.VoiceDesign(
-            instruct=instructions, text=text, language=language, model=design_model
-        )
-        if seed is not None:
-            self.design.seed = seed
-
-    async def request(self) -> tts_pb2.RegisterVoiceRequest:
-        """The RegisterVoice request of the form (INVALID_ARGUMENT for neither or both sources)."""
-        message = tts_pb2.RegisterVoiceRequest(name=self.name, model=self.model)
-        designing = bool(self.design.ListFields())
-        if self.audio_sample is not None and designing:
-            raise InvalidRequestError(
-                "send either audio_sample (a voice cloned from a recording) or a design (instructions, text, "
-                "language, seed, design_model), not both"
-            )
-        if self.audio_sample is not None:
-            message.reference.CopyFrom(
-                tts_pb2.VoiceClone(
-                    ref_audio=await self.audio_sample.read(),
-                    ref_text=self.ref_text,
-                    x_vector_only=self.x_vector_only,
-                )
-            )
-        elif designing:
-            message.design.CopyFrom(self.design)
-        else:
-            raise InvalidRequestError(
-                "audio_sample (a recording to clone) or a design (instructions and text) is required"
-            )
-        return message
-
-
 def create_app(api: HttpApi) -> FastAPI:
     """The FastAPI application of ``api`` (see the module doc)."""
     app = FastAPI(
@@ -318,28 +197,13 @@ def create_app(api: HttpApi) -> FastAPI:
     async def retrieve_model(model_id: str) -> dict[str, Any]:
         return await api.model(model_id)
 
-    @v1.get("/audio/voices")
-    async def list_voices(
-        model: Annotated[
-            str, Query(description="The model whose voices to list (default: the default model).")
-        ] = "",
-    ) -> dict[str, Any]:
-        return await api.list_voices(model)
-
-    @v1.post("/audio/voices")
-    async def create_voice(request: Request, form: Annotated[VoiceForm, Depends()]) -> dict[str, Any]:
-        return await api.register_voice(request, form)
-
-    @v1.delete("/audio/voices/{voice_id}")
-    async def delete_voice(voice_id: str) -> dict[str, Any]:
-        return await api.delete_voice(voice_id)
-
+    v1.include_router(voices_router(api.gateway, api.aliases, api.caller))
     app.include_router(v1)
 
     @app.websocket(STREAM_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         # Readiness and the API key are checked on the connection (errors as close codes).
-        await SpeechStream(websocket, api.gateway, api.aliases, api.keys, api.health).run()
+        await SpeechStream(websocket, api.gateway, api.aliases, api.keys, api.health, api.callers).run()
 
     page = playground_html()
 
@@ -354,4 +218,4 @@ def create_app(api: HttpApi) -> FastAPI:
     return app
 
 
-__all__ = ["HttpApi", "VoiceForm", "create_app", "model_object", "playground_html", "voice_object"]
+__all__ = ["HttpApi", "create_app", "model_object", "playground_html"]

@@ -7,8 +7,9 @@ The body is OpenAI's error object, so the ``openai`` SDK raises its matching exc
     {"error": {"message": "...", "type": "invalid_request_error", "param": null, "code": "invalid_argument"}}
 
 400 invalid request, 401 no API key, 403 unknown key, 404 unknown voice (or route), 413 body too
-large, 429 at capacity (with ``Retry-After``), 503 a stage unavailable or the server not serving
-(with ``Retry-After``), 504 deadline. ``code`` is the gRPC status name in lower case.
+large, 429 at capacity (with ``Retry-After``), 503 a stage or the voice database unavailable or
+the server not serving (with ``Retry-After``: the error's own hint where it has one), 504
+deadline. ``code`` is the gRPC status name in lower case.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ from starlette.exceptions import HTTPException
 
 from tts_common import metrics
 from tts_common.errors import PayloadTooLargeError, TTSError
-from tts_common.serving.rpc_errors import grpc_status_for
+from tts_common.serving.rpc_errors import grpc_status_for, retry_after_seconds
 
 from ...config import STAGE
 
@@ -101,7 +102,10 @@ class HttpError:
         return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
 
 
-def _with_retry_after(status: int) -> dict[str, str]:
+def _with_retry_after(status: int, exc: BaseException | None = None) -> dict[str, str]:
+    hint = None if exc is None else retry_after_seconds(exc)
+    if hint is not None:
+        return {"Retry-After": str(hint)}
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
 
 
@@ -124,7 +128,7 @@ def http_error(exc: BaseException) -> HttpError:
     else:
         text = str(exc) or type(exc).__name__
         message = f"internal error: {type(exc).__name__}: {text}" if status == 500 else text
-    return HttpError(status, code, message, headers=_with_retry_after(status))
+    return HttpError(status, code, message, headers=_with_retry_after(status, exc))
 
 
 def validation_error(errors: Sequence[Any]) -> HttpError:

@@ -3,10 +3,11 @@ checks exactly as it checks a gRPC request.
 
 ``voice`` is resolved here (the one thing OpenAI's body spells differently from ours), for the
 model the body names: an alias of the ``--voice-alias`` table first, then a preset speaker of the
-model, then a registered voice id. A voice_design model has no named voices (the voice is
+model, then anything of a registered voice id's form (``voice-`` and 32 hex digits), looked up in
+the voice library with the request, as for gRPC (the caller's own, of the model's family; so no
+other voice waits for the database). A voice_design model has no named voices (the voice is
 described in ``instructions``), so a ``voice`` that names none is ignored there; on the other
-models it is NOT_FOUND (HTTP 404). Whether the model may speak a registered voice (its family) is
-checked with the request, as for gRPC.
+models it is NOT_FOUND (HTTP 404).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from tts_common.errors import NotFoundError
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from ...core import Gateway
-from ...voices.store import VoiceStore
+from ...voice_library.records import VOICE_ID_PATTERN
 from .formats import RESPONSE_FORMATS
 from .schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, VoiceRef
 
@@ -28,10 +29,9 @@ def voice_name(voice: str | VoiceRef) -> str:
     return (voice.id if isinstance(voice, VoiceRef) else voice).strip()
 
 
-async def resolve_voice(
+def resolve_voice(
     voice: str,
     info: tts_pb2.ModelInfo,
-    voices: VoiceStore,
     aliases: Mapping[str, str],
 ) -> dict[str, str]:
     """The ``SynthesizeRequest`` voice fields for ``voice``: ``{"speaker": ...}``,
@@ -40,7 +40,7 @@ async def resolve_voice(
     speakers = {s.name.lower(): s.name for s in info.speakers}
     if target.lower() in speakers:
         return {"speaker": speakers[target.lower()]}
-    if target and await voices.find(target) is not None:
+    if VOICE_ID_PATTERN.match(target):
         return {"voice_id": target}
     if info.model_type == "voice_design":
         return {}
@@ -53,11 +53,10 @@ async def resolve_voice(
     )
 
 
-async def synthesize_request(
+def synthesize_request(
     body: Any,
     request_id: str,
     info: tts_pb2.ModelInfo,
-    voices: VoiceStore,
     aliases: Mapping[str, str],
 ) -> tts_pb2.SynthesizeRequest:
     """The ``SynthesizeRequest`` of a :data:`~.schemas.SpeechRequest` body for the model
@@ -77,7 +76,7 @@ async def synthesize_request(
         streaming=tts_pb2.StreamingOptions(
             first_chunk_frames=body.first_chunk_frames, max_chunk_frames=body.max_chunk_frames
         ),
-        **await resolve_voice(voice_name(body.voice), info, voices, aliases),
+        **resolve_voice(voice_name(body.voice), info, aliases),
     )
 
 
@@ -87,7 +86,7 @@ async def speech_request(
     """The ``SynthesizeRequest`` of a speech body (or a WebSocket configuration): its model
     (NOT_FOUND listing the served ones) and its ``voice`` resolved for that model."""
     info = await gateway.catalog.describe(gateway.models.get(body.model))
-    return await synthesize_request(body, request_id, info, gateway.store, aliases)
+    return synthesize_request(body, request_id, info, aliases)
 
 
 __all__ = ["resolve_voice", "speech_request", "synthesize_request", "voice_name"]

@@ -42,7 +42,8 @@ from tts_common.serving.health import ServingHealth
 
 from ...core import Gateway
 from ...synthesis.text_cutter import read_config
-from ..auth import ApiKeys
+from ...voice_library import NO_KEYS
+from ..auth import ApiKeys, Callers
 from .connection import check_ready, request_id_of
 from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
@@ -105,14 +106,18 @@ class SpeechStream:
         aliases: Mapping[str, str],
         keys: ApiKeys | None,
         health: ServingHealth | None,
+        callers: Callers | None = None,
     ) -> None:
         """``aliases``: the voice aliases; ``keys``: the accepted API keys (None: no
-        authentication); ``health``: the process's (None: always serving)."""
+        authentication); ``health``: the process's (None: always serving); ``callers``: whose
+        stream it is, for its registered voices (None: no API keys)."""
         self.websocket = websocket
         self.gateway = gateway
         self.aliases = aliases
         self.keys = keys
         self.health = health
+        self.callers = callers
+        self.caller = NO_KEYS
         self.request_id = ""
         self.speed = 1.0
         self.closed_by_client = False
@@ -156,6 +161,8 @@ class SpeechStream:
             if isinstance(value.get("api_key"), str) and value["api_key"]:
                 headers.append(("authorization", f"Bearer {value['api_key']}"))
             self.keys.authenticate(headers, 'header or config "api_key"')
+            if self.callers is not None:
+                self.caller = self.callers.of(headers)
         try:
             body = StreamConfig.model_validate(value)
         except ValidationError as exc:
@@ -177,7 +184,7 @@ class SpeechStream:
             config = await read_config(messages)
             with request_context(self.request_id):
                 responses = self.gateway.streamed.synthesize(
-                    config, messages, self.request_id, received=received, speed=self.speed
+                    config, messages, self.request_id, caller=self.caller, received=received, speed=self.speed
                 )
                 async for response in responses:
                     await self.send(response)

@@ -100,21 +100,37 @@ def _numbers(message: object) -> dict[str, int]:
 
 
 def test_released_field_numbers_stay() -> None:
-    """Messages grow (the model fields, the designed voice) without renumbering what clients of
-    earlier releases send and read; a field moved into a oneof keeps its number."""
+    """Messages grow (the model fields, the designed voice, the voice library's metadata and
+    pages) without renumbering what clients of earlier releases send and read; a field moved into
+    a oneof keeps its number."""
     assert _numbers(tts_pb2.SynthesizeRequest).items() >= {
         "request_id": 1, "text": 2, "language": 3, "speaker": 4, "voice_id": 5, "clone": 6,
         "instruct": 7, "text_feeding": 8, "sampling": 9, "output": 10, "streaming": 11,
         "silence_stop": 12, "model": 13,
     }.items()  # fmt: skip
-    assert _numbers(tts_pb2.RegisterVoiceRequest) == {"name": 1, "reference": 2, "model": 3, "design": 4}
-    assert _numbers(tts_pb2.Voice).items() >= {
+    assert _numbers(tts_pb2.RegisterVoiceRequest) == {
+        "name": 1, "reference": 2, "model": 3, "design": 4, "description": 5, "labels": 6, "consent": 7,
+    }  # fmt: skip
+    assert _numbers(tts_pb2.Voice) == {
         "voice_id": 1, "name": 2, "x_vector_only": 3, "ref_text": 4, "ref_audio_seconds": 5, "created_at": 6,
-    }.items()  # fmt: skip
-    assert (
-        _numbers(tts_pb2.ModelInfo)["dtype"] == 13
-        and _numbers(tts_pb2.ListVoicesResponse)["sample_rate"] == 8
-    )
+        "model": 7, "family": 8, "design": 9, "description": 10, "labels": 11, "consent": 12, "owner": 13,
+        "updated_at": 14,
+    }  # fmt: skip
+    assert _numbers(tts_pb2.ListVoicesRequest) == {
+        "model": 1,
+        "page_size": 2,
+        "page_token": 3,
+        "all_families": 4,
+    }
+    assert _numbers(tts_pb2.ListVoicesResponse).items() >= {"voices": 7, "sample_rate": 8, "model": 9}.items()
+    assert _numbers(tts_pb2.ListVoicesResponse)["next_page_token"] == 10
+    assert _numbers(tts_pb2.DeleteVoiceRequest) == {"voice_id": 1}
+    assert _numbers(tts_pb2.UpdateVoiceRequest) == {
+        "voice_id": 1, "name": 2, "description": 3, "labels": 4, "clear_labels": 5,
+    }  # fmt: skip
+    assert _numbers(tts_pb2.ExportVoiceResponse) == {"document": 1}
+    assert _numbers(tts_pb2.ImportVoiceRequest) == {"document": 1}
+    assert _numbers(tts_pb2.ModelInfo)["dtype"] == 13
     assert _numbers(stages_pb2.TalkerInfo)["dtype"] == 6
     # An old RegisterVoice message (reference only) parses into the new oneof unchanged.
     old = tts_pb2.RegisterVoiceRequest(name="n", reference=tts_pb2.VoiceClone(ref_text="t"))
@@ -129,6 +145,10 @@ def test_service_shapes() -> None:
         "ListVoices": (False, False, "ListVoicesRequest", "ListVoicesResponse"),
         "RegisterVoice": (False, False, "RegisterVoiceRequest", "Voice"),
         "DeleteVoice": (False, False, "DeleteVoiceRequest", "DeleteVoiceResponse"),
+        "GetVoice": (False, False, "GetVoiceRequest", "Voice"),
+        "UpdateVoice": (False, False, "UpdateVoiceRequest", "Voice"),
+        "ExportVoice": (False, False, "ExportVoiceRequest", "ExportVoiceResponse"),
+        "ImportVoice": (False, False, "ImportVoiceRequest", "Voice"),
         "GetModelInfo": (False, False, "GetModelInfoRequest", "ModelInfo"),
         "ListModels": (False, False, "ListModelsRequest", "ListModelsResponse"),
     }

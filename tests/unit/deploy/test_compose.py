@@ -40,6 +40,8 @@ from typing import Any
 import pytest
 
 from gateway.config import DEFAULT_HTTP_PORT
+from gateway.core.library import library_target
+from gateway.voice_library import SqliteVoiceLibrary, create_voice_library
 from tests.helpers.compose import (
     COMPILE_CACHE_PATH,
     COMPOSE_FILE,
@@ -366,6 +368,8 @@ def test_model_volume(variant: tuple[str, dict[str, Any]]) -> None:
             assert set(mounts) == {VOICES_PATH}, "the gateway loads no model"
             assert not mounts[VOICES_PATH]["read_only"]
             assert svc["environment"]["QWEN3TTS_GATEWAY_VOICES_DIR"] == VOICES_PATH
+            # the voice library: SQLite, on the volume
+            assert svc["environment"]["QWEN3TTS_GATEWAY_VOICES_DB"].startswith(VOICES_PATH + "/")
         else:  # model-init writes the dev checkpoint
             assert svc["command"] == ["init-model", MODEL_PATH]
             assert not mounts[MODEL_PATH]["read_only"]
@@ -408,6 +412,7 @@ def test_commands_parse_with_the_real_process_flags(variant: tuple[str, dict[str
 
             config = gateway_config_from_args(args)
             assert config.voices_dir == VOICES_PATH
+            assert isinstance(create_voice_library(library_target(config)), SqliteVoiceLibrary)
             for target_stage in MODEL_STAGES:
                 (target,) = getattr(config, f"{target_stage}_targets")
                 host, port = target.removeprefix("dns:///").rsplit(":", 1)

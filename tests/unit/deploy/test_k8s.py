@@ -49,7 +49,9 @@ HEALTH_SERVICES = {
     "decoder": service_name(stages_pb2, "Decoder"),
     "speaker": service_name(stages_pb2, "Speaker"),
 }
-VOICES_PATH = "/var/lib/qwen3tts/voices"
+VOICES_DB_SECRET = "qwen3-tts-voices-db"
+"""The Secret the gateway reads the voice library's URL and owner secret from (optional: it is
+deploy/k8s/postgres/voices-db-secret.yaml's, applied beside this stack)."""
 OPTIONAL_MANIFESTS = {"fetch-model-job.yaml"}
 """Applied by hand once (documented), deliberately not in kustomization.yaml."""
 MIN_K8S = "1.27"
@@ -77,12 +79,20 @@ def configmap_env() -> dict[str, str]:
     return {k: str(v) for k, v in config["data"].items()}
 
 
-def container_env(pod_spec: dict[str, Any]) -> dict[str, str]:
-    """The environment the (single) container sees from envFrom ConfigMaps and env values."""
+def container_env(
+    pod_spec: dict[str, Any], secrets: dict[str, dict[str, str]] | None = None
+) -> dict[str, str]:
+    """The environment the (single) container sees from envFrom ConfigMaps (and ``secrets``, by
+    name: an optional Secret that is not given is absent) and env values."""
     (container,) = pod_spec["containers"]
     maps = objects_of("ConfigMap")
     env: dict[str, str] = {}
     for source in container.get("envFrom") or []:
+        if "secretRef" in source:
+            name = source["secretRef"]["name"]
+            assert source["secretRef"].get("optional") or name in (secrets or {}), f"missing Secret {name}"
+            env.update((secrets or {}).get(name, {}))
+            continue
         name = source["configMapRef"]["name"]
         assert name in maps, f"envFrom references missing ConfigMap {name}"
         env.update({k: str(v) for k, v in maps[name]["data"].items()})
@@ -288,7 +298,7 @@ def test_args_parse_with_the_real_process_flags() -> None:
             from gateway.config import gateway_config_from_args
 
             config = gateway_config_from_args(args)
-            assert config.voices_dir == VOICES_PATH
+            assert config.voices_dir is None and config.voices_db is None  # the Secret's (optional)
             assert all(len(getattr(config, f"{s}_targets")) == 1 for s in MODEL_STAGES)
         if stage == "talker":
             assert args.dtype == "bfloat16" and args.max_slots > 0 and args.max_seq_len >= 1024
@@ -358,11 +368,10 @@ def test_model_volume_and_configuration() -> None:
             assert claim["claimName"] in claims and claim.get("readOnly"), stage
         else:
             assert not model_mounts, "the gateway loads no model"
-            voices = mounts["voices"]
-            assert voices["mountPath"] == VOICES_PATH and not voices.get("readOnly")
-            claim = volumes["voices"]["persistentVolumeClaim"]["claimName"]
-            assert "ReadWriteMany" in claims[claim]["spec"]["accessModes"], "shared by replicas"
-            assert container_env(pod)["QWEN3TTS_GATEWAY_VOICES_DIR"] == VOICES_PATH
+            # stateless: voices live in the shared database (no voices volume, no ReadWriteMany)
+            assert not [v for v in volumes.values() if "persistentVolumeClaim" in v], "gateway volumes"
+            (container,) = pod["containers"]
+            assert {"secretRef": {"name": VOICES_DB_SECRET, "optional": True}} in container["envFrom"]
             assert pod["securityContext"]["fsGroup"] == pod["securityContext"]["runAsGroup"]
         # readOnlyRootFilesystem needs a writable /tmp (HOME points there).
         if container["securityContext"].get("readOnlyRootFilesystem"):

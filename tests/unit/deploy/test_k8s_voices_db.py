@@ -1,7 +1,8 @@
 """deploy/k8s/postgres/: the voice library's PostgreSQL for Kubernetes (the gateway's Secret with
 the database URL, and the optional single-instance server for trials): valid objects (strict
-schema validation, as test_k8s), consistent with each other and with the gateway pods, and a URL
-the voice library itself accepts."""
+schema validation, as test_k8s), consistent with each other and with the gateway pods, a URL the
+voice library itself accepts, and a Secret the gateway Deployment reads into settings its own
+parser accepts."""
 
 from __future__ import annotations
 
@@ -12,8 +13,20 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
+from gateway.config import gateway_config_from_args
+from gateway.core.library import library_target
 from gateway.voice_library import PostgresVoiceLibrary, create_voice_library
-from tests.unit.deploy.test_k8s import MIN_K8S, NAMESPACE, labels_match, load_docs, objects_of
+from tests.helpers import compose
+from tests.unit.deploy.test_k8s import (
+    MIN_K8S,
+    NAMESPACE,
+    VOICES_DB_SECRET,
+    container_env,
+    deployment_stage,
+    labels_match,
+    load_docs,
+    objects_of,
+)
 
 POSTGRES_DIR = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "postgres"
 
@@ -85,3 +98,16 @@ def test_server_service_and_policy_select_the_database_pod_and_admit_the_gateway
     (rule,) = policy["ingress"]
     assert labels_match(rule["from"][0]["podSelector"], gateway_pod)
     assert rule["ports"] == [{"port": "postgres", "protocol": "TCP"}]
+
+
+def test_the_gateway_reads_the_secret_into_its_voice_library_settings() -> None:
+    """The gateway Deployment (and so the multi-model overlay, which keeps it) takes the Secret's
+    variables as its voice library's URL and owner secret, through its real flag parser."""
+    secret = {k: str(v) for k, v in objects()[("Secret", VOICES_DB_SECRET)]["stringData"].items()}
+    assert set(secret) == {"QWEN3TTS_GATEWAY_VOICES_DB", "QWEN3TTS_GATEWAY_VOICES_OWNER_SECRET"}
+    deployment = objects_of("Deployment")["gateway"]
+    _, argv = deployment_stage(deployment)
+    env = container_env(deployment["spec"]["template"]["spec"], secrets={VOICES_DB_SECRET: secret})
+    config = gateway_config_from_args(compose.process_args("gateway", argv, env))
+    assert library_target(config) == secret["QWEN3TTS_GATEWAY_VOICES_DB"]
+    assert config.voice_library().owner_secret == secret["QWEN3TTS_GATEWAY_VOICES_OWNER_SECRET"].encode()

@@ -38,6 +38,18 @@ def test_one_replica_is_the_classic_four_processes() -> None:
     ]
     assert [flag_value(s.args, "--metrics-port") for s in stages] == ["9092", "9093", "9094", "9091"]
     assert flag_value(stages[-1].args, "--talker-targets") == "127.0.0.1:50052"
+    assert "--voices-db" not in stages[-1].args  # the gateway's default: a temporary library
+
+
+def test_up_keeps_registered_voices_in_a_sqlite_file() -> None:
+    """``qwen3-tts up`` (and so ``make up``) gives the gateway a voice library that outlives it."""
+    from qwen3_tts.cli import build_parser
+
+    args = build_parser().parse_args(["up"])
+    assert args.voices_db == ".qwen3-tts/voices.db"
+    stages = stage_commands(Path("/m"), "127.0.0.1", 50051, 50052, None, False, voices_db=args.voices_db)
+    config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
+    assert config.voices_db == ".qwen3-tts/voices.db"
 
 
 @given(replicas=st.integers(1, 6), base=st.integers(1024, 60000), metrics=st.booleans())

@@ -39,9 +39,15 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-instruct-chars": 2000,
         "--max-ref-audio-seconds": 60.0,
         "--max-ref-audio-bytes": 32 * 1024 * 1024,
+        "--voices-db": None,
+        "--voices-db-schema": "public",
+        "--voices-db-timeout": 5.0,
         "--voices-dir": None,
         "--max-voices": 1000,
+        "--max-voices-per-key": 0,
         "--api-keys": frozenset(),
+        "--voices-admin-keys": frozenset(),
+        "--voices-owner-secret": None,
         "--api-keys-file": None,
         "--tls-cert": None,
         "--tls-key": None,
@@ -82,8 +88,9 @@ OWN: dict[str, dict[str, Any]] = {
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
 }
 PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
-STAGE_ONLY_ENV = {"--port", "--metrics-port", "--http-port"}
-"""One QWEN3TTS_PORT shared by four processes on a host would make them collide."""
+STAGE_ONLY_ENV = {"--port", "--metrics-port", "--http-port", "--voices-owner-secret"}
+"""One QWEN3TTS_PORT shared by four processes on a host would make them collide; the voice owner
+secret is the gateway's alone."""
 
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, argparse.Action]:

@@ -1,11 +1,10 @@
 """The HTTP API's pure parts, pinned with properties: an OpenAI body mapped onto a
 ``SynthesizeRequest`` field for field, voice resolution (aliases, case, registered ids), the alias
-flag, and exceptions to HTTP statuses and OpenAI error objects."""
+flag, and exceptions to HTTP statuses and OpenAI error objects (a retry hint included)."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import functools
 import importlib.util
 import sys
@@ -24,25 +23,18 @@ from gateway.transports.http.errors import HTTP_STATUS, http_error
 from gateway.transports.http.formats import RESPONSE_FORMATS
 from gateway.transports.http.schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, SpeechRequest
 from gateway.transports.http.speech import resolve_voice, synthesize_request
-from gateway.voices import FileVoiceStore, StoredVoice
+from gateway.voice_library import VoiceStoreUnavailableError
 from tts_common import errors
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 SPEAKERS = ("vivian", "ryan", "eric")
+VOICE_ID = "voice-" + "0a" * 16
+"""The form of a registered voice's id (whether one exists is the library's to say, later)."""
 
 
 def info(model_type: str = "custom_voice") -> tts_pb2.ModelInfo:
     speakers = [tts_pb2.PresetSpeaker(name=n) for n in SPEAKERS] if model_type == "custom_voice" else []
     return tts_pb2.ModelInfo(model_type=model_type, speakers=speakers)
-
-
-def store(*ids: str) -> FileVoiceStore:
-    voices = FileVoiceStore()
-    for voice_id in ids:
-        voices._voices[voice_id] = StoredVoice(
-            voice=tts_pb2.Voice(voice_id=voice_id, model="m"), speaker_embedding=[0.0], ref_codes=None
-        )
-    return voices
 
 
 def _sampling_value(field: FieldDescriptor) -> st.SearchStrategy[object]:
@@ -99,7 +91,7 @@ def test_body_maps_field_for_field(
         max_chunk_frames=largest,
         **sampling,
     )
-    request = asyncio.run(synthesize_request(body, "rid", info(), store(), {}))
+    request = synthesize_request(body, "rid", info(), {})
     assert (request.request_id, request.text, request.language, request.instruct) == (
         "rid",
         text,
@@ -133,24 +125,25 @@ NAMES = st.text(st.characters(categories=("Ll", "Lu", "Nd")), min_size=1, max_si
 @settings(max_examples=200, deadline=None)
 @given(
     aliases=st.dictionaries(
-        NAMES.map(str.lower), st.sampled_from([*SPEAKERS, "voice-a", "ghost"]), max_size=4
+        NAMES.map(str.lower), st.sampled_from([*SPEAKERS, VOICE_ID, "voice-a", "ghost"]), max_size=4
     ),
-    name=st.one_of(NAMES, st.sampled_from([*SPEAKERS, "voice-a", "ghost", "ALLOY"])),
+    name=st.one_of(NAMES, st.sampled_from([*SPEAKERS, VOICE_ID, "voice-a", "ghost", "ALLOY"])),
     model_type=st.sampled_from(["custom_voice", "base", "voice_design"]),
 )
 def test_voice_resolution(aliases: dict[str, str], name: str, model_type: str) -> None:
-    """An alias (any case) stands for its target; then a preset speaker (any case), then a
-    registered id; voice_design ignores what names nothing; elsewhere it is NOT_FOUND."""
+    """An alias (any case) stands for its target; then a preset speaker (any case), then
+    anything of a registered id's form; voice_design ignores what names nothing; elsewhere it
+    is NOT_FOUND."""
     model = info(model_type)
     target = aliases.get(name.lower(), name)
     try:
-        resolved = asyncio.run(resolve_voice(name, model, store("voice-a"), aliases))
+        resolved = resolve_voice(name, model, aliases)
     except errors.NotFoundError:
         resolved = None
     if model_type == "custom_voice" and target.lower() in SPEAKERS:
         assert resolved == {"speaker": target.lower()}
-    elif target == "voice-a":
-        assert resolved == {"voice_id": "voice-a"}
+    elif target == VOICE_ID:
+        assert resolved == {"voice_id": VOICE_ID}
     elif model_type == "voice_design":
         assert resolved == {}
     else:
@@ -197,6 +190,18 @@ def test_project_errors_to_http(exc: BaseException, status: int) -> None:
         assert error.message.startswith("internal error: RuntimeError")
 
 
+@given(st.floats(0.001, 3600.0))
+def test_a_retry_hint_becomes_retry_after(seconds: float) -> None:
+    """An error that knows when to retry (the voice database down) says so in whole seconds,
+    rounded up, at least 1; the others keep the default."""
+    error = http_error(VoiceStoreUnavailableError("voice store unavailable", retry_after_s=seconds))
+    assert error.status == 503 and error.grpc_code == grpc.StatusCode.UNAVAILABLE
+    hint = int(error.headers["Retry-After"])
+    assert hint >= 1 and hint - 1 < seconds <= hint
+    assert error.body()["error"]["type"] == "service_unavailable_error"
+    assert http_error(errors.UnavailableError("draining")).headers == {"Retry-After": "1"}
+
+
 @given(st.sampled_from(list(grpc.StatusCode)))
 def test_stage_errors_keep_their_status(code: grpc.StatusCode) -> None:
     """A stage failure is answered with the HTTP status of the gRPC status it carries (a
@@ -239,4 +244,4 @@ def test_ttfb_bench_sends_the_same_request_both_ways(
     model = info("custom_voice" if voice else "voice_design")
     expected = request.grpc()
     expected.streaming.SetInParent()  # the HTTP mapping always sets it (empty: the defaults)
-    assert asyncio.run(synthesize_request(body, "", model, store(), {})) == expected
+    assert synthesize_request(body, "", model, {}) == expected

@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from gateway.encoding import AudioOutput
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder, SegmentRecord
+from gateway.voice_library import NO_KEYS
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, run
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -154,11 +155,13 @@ def test_unary_and_streamed_summaries_tile_the_samples_sent(
             received = time.monotonic()
             if streamed:
                 responses = core.streamed.synthesize(
-                    request, _deltas(text, cuts), "r", received=received, speed=speed
+                    request, _deltas(text, cuts), "r", caller=NO_KEYS, received=received, speed=speed
                 )
             else:
                 request.text = text
-                responses = core.unary.synthesize(request, "r", received=received, speed=speed)
+                responses = core.unary.synthesize(
+                    request, "r", caller=NO_KEYS, received=received, speed=speed
+                )
             out = [r async for r in responses]
             chunks = [r.audio for r in out if r.HasField("audio")]
             sent = sum(c.num_samples for c in chunks)

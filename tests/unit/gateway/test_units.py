@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import io
+from pathlib import Path
 
 import grpc
 import numpy as np
@@ -13,6 +14,7 @@ import soundfile as sf
 
 from gateway.__main__ import main as gateway_main
 from gateway.config import FLAGS, GatewayConfig, gateway_config_from_args
+from gateway.core.library import library_target
 from gateway.encoding import AudioOutput, StreamResampler, WavEncoder, create_encoder
 from gateway.stages.routing import StageClient, is_target_uri
 from tts_common.audio import resample
@@ -73,6 +75,36 @@ def test_api_keys_file(tmp_path: object) -> None:
         ]
     )
     assert config.api_keys == {"alpha", "beta", "gamma"}
+
+
+def test_voice_library_settings(tmp_path: Path) -> None:
+    """Where the library is (one default, derived once), its settings, and their one check."""
+    stages = ["--talker-targets", "t:1", "--decoder-targets", "d:1"]
+    config = _parse(stages)
+    assert (config.voices_db, config.voices_dir, library_target(config)) == (None, None, None)
+    assert _parse([*stages, "--voices-dir", str(tmp_path)]).voices_db is None
+    assert library_target(_parse([*stages, "--voices-dir", str(tmp_path)])) == str(tmp_path / "voices.db")
+    url = "postgresql://u:p@db:5432/voices"
+    env = {
+        "QWEN3TTS_GATEWAY_VOICES_DB": url,
+        "QWEN3TTS_GATEWAY_VOICES_OWNER_SECRET": "s" * 32,
+        "QWEN3TTS_GATEWAY_VOICES_ADMIN_KEYS": "root",
+        "QWEN3TTS_GATEWAY_MAX_VOICES_PER_KEY": "5",
+        "QWEN3TTS_GATEWAY_VOICES_DB_TIMEOUT": "2.5",
+        "QWEN3TTS_API_KEYS": "alpha",
+    }
+    config = _parse([*stages, "--voices-dir", str(tmp_path)], env)
+    assert library_target(config) == url  # --voices-db wins over the directory's default
+    assert config.api_keys == {"alpha", "root"}  # admin keys are accepted keys
+    library = config.voice_library()
+    assert (library.owner_secret, library.max_voices_per_owner, library.timeout_s) == (b"s" * 32, 5, 2.5)
+    assert GatewayConfig().voice_library().max_voices_per_owner is None  # 0: no limit of its own
+    assert GatewayConfig(voices_admin_keys=frozenset({"root"})).api_keys == {"root"}
+    for bad in (["--voices-db-schema", "Bad-Schema"], ["--voices-owner-secret", "short"]):
+        with pytest.raises(ValueError, match="voice library settings"):
+            _parse([*stages, *bad])
+    with pytest.raises(ValueError, match="must be at least 1"):
+        GatewayConfig(max_voices_per_key=0, max_voices=0).voice_library()
 
 
 def test_main_reports_usage_errors(capsys: pytest.CaptureFixture[str]) -> None:

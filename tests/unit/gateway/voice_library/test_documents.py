@@ -1,6 +1,7 @@
 """Voices moving in and out of the library: the export document (exact round trip, a property
 over embeddings, codes and metadata, on both back ends), its validation, the one-time import of a
-legacy ``--voices-dir`` written by ``gateway.voices``, and the checks of every field."""
+legacy ``--voices-dir`` (the files gateways wrote before the library, with and without model
+families and designs), and the checks of every field."""
 
 from __future__ import annotations
 
@@ -27,11 +28,9 @@ from gateway.voice_library import (
 from gateway.voice_library.postgres import redact
 from gateway.voice_library.records import check_new_voice, datetime_from_us, us_from_datetime
 from gateway.voice_library.sqlite import SqliteVoiceLibrary
-from gateway.voices import StoredVoice
 from tests.helpers.fake_stages import run
+from tests.helpers.voices import write_legacy_voice
 from tts_common.errors import InvalidRequestError, NotFoundError
-from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
-from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from .conftest import Backend
 from .test_library import ADMIN, ALICE, BOB, make_voice
@@ -67,6 +66,12 @@ def new_voices(draw: st.DrawFn) -> NewVoice:
         consent=draw(text),
         ref_audio_seconds=draw(st.floats(0, 1e6, allow_nan=False)),
         audio_sha256=draw(st.sampled_from(["", "0f" * 32])),
+        design=draw(
+            st.none()
+            | st.fixed_dictionaries(
+                {"instruct": text, "seed": st.integers(0, 2**64 - 1)}, optional={"language": text}
+            )
+        ),
     )
 
 
@@ -85,7 +90,7 @@ def test_export_then_import_is_exact(backend: Backend, voice: NewVoice) -> None:
             assert imported.ref_codes == stored.ref_codes
             assert imported.info.owner == BOB.owner
             same = ("name", "description", "labels", "model_family", "model_name", "consent", "x_vector_only")
-            same += ("ref_text", "ref_audio_seconds", "audio_sha256", "created_at")
+            same += ("ref_text", "ref_audio_seconds", "audio_sha256", "created_at", "design")
             for name in same:
                 assert getattr(imported.info, name) == getattr(stored.info, name), name
             assert await library.get(imported.voice_id, BOB) == imported
@@ -118,6 +123,7 @@ def test_import_takes_a_new_id_when_taken_and_validates(backend: Backend) -> Non
                 {**document, "voice": {**document["voice"], "x_vector_only": True}},
                 {**document, "voice": {**document["voice"], "created_at": "yesterday"}},
                 {**document, "voice": {**document["voice"], "labels": {"k": 3}}},
+                {**document, "voice": {**document["voice"], "design": "designed"}},
                 [document],
             ]
             for bad in broken:
@@ -128,42 +134,17 @@ def test_import_takes_a_new_id_when_taken_and_validates(backend: Backend) -> Non
     run(main())
 
 
-def write_legacy_voice(directory: Path, seed: int, *, x_vector_only: bool = False) -> StoredVoice:
-    """A voice file as today's gateway writes it (``gateway.voices.StoredVoice.to_json``)."""
-    rng = np.random.default_rng(seed)
-    created = Timestamp()
-    created.FromNanoseconds(1_700_000_000_123_456_789 + seed)
-    codes = (
-        None
-        if x_vector_only
-        else stages_pb2.Codes(num_frames=3, num_codebooks=16, values=rng.integers(0, 2048, 48).tolist())
-    )
-    voice = StoredVoice(
-        voice=tts_pb2.Voice(
-            voice_id=f"voice-{seed:032x}",
-            name=f"legacy {seed}",
-            x_vector_only=x_vector_only,
-            ref_text="" if x_vector_only else "legacy words",
-            ref_audio_seconds=2.5,
-            created_at=created,
-            model="Qwen3-TTS-12Hz-0.6B-Base",
-        ),
-        speaker_embedding=rng.standard_normal(16).astype(np.float32).tolist(),
-        ref_codes=codes,
-        audio_sha256="ab" * 32,
-    )
-    (directory / f"{voice.voice_id}.json").write_text(json.dumps(voice.to_json()))
-    return voice
-
-
 def test_legacy_directory_is_imported_once(backend: Backend, tmp_path: Path) -> None:
     legacy = tmp_path / "voices"
     legacy.mkdir()
-    written = [write_legacy_voice(legacy, seed, x_vector_only=seed == 2) for seed in (1, 2, 3)]
+    design = {"instruct": "A warm voice.", "text": "legacy words", "seed": "7", "model": "design"}
+    written = [
+        write_legacy_voice(legacy, 1),  # before model families: no "family"
+        write_legacy_voice(legacy, 2, x_vector_only=True, family="1b7"),
+        write_legacy_voice(legacy, 3, family="0b6", design=design),
+    ]
     (legacy / "voice-broken.json").write_text("{not json")
-    (legacy / f"voice-{9:032x}.json").write_text(
-        json.dumps({**written[0].to_json(), "voice_id": f"voice-{8:032x}"})
-    )
+    (legacy / f"voice-{9:032x}.json").write_text(json.dumps({**written[0], "voice_id": f"voice-{8:032x}"}))
 
     async def main() -> None:
         async with backend.library() as one, backend.library() as two:
@@ -179,34 +160,38 @@ def test_legacy_directory_is_imported_once(backend: Backend, tmp_path: Path) -> 
             assert again.already_done and again.imported == 0
             forced = await one.import_legacy_directory(legacy, again=True)
             assert (forced.imported, forced.already_present, forced.already_done) == (0, 3, False)
-            for old in written:
-                record = await two.get(old.voice_id, Scope())  # the anonymous owner (keys off)
-                assert record.speaker_embedding.tolist() == old.speaker_embedding
+            for old, family in zip(written, ("0.6B/12hz", "1b7", "0b6")):
+                record = await two.get(old["voice_id"], Scope())  # the anonymous owner (keys off)
+                assert record.speaker_embedding.tolist() == old["speaker_embedding"]
                 assert (
                     record.speaker_embedding.tobytes()
-                    == np.asarray(old.speaker_embedding, np.float32).tobytes()
+                    == np.asarray(old["speaker_embedding"], np.float32).tobytes()
                 )
-                if old.ref_codes is None:
+                if old["ref_codes"] is None:
                     assert record.ref_codes is None and record.info.x_vector_only
                 else:
-                    assert record.ref_codes.flat() == list(old.ref_codes.values)  # type: ignore[union-attr]
+                    assert record.ref_codes.flat() == old["ref_codes"]["values"]  # type: ignore[union-attr]
                 info = record.info
                 assert (info.name, info.ref_text, info.model_name) == (
-                    old.voice.name,
-                    old.voice.ref_text,
-                    old.model_name,
+                    old["name"],
+                    old["ref_text"],
+                    old["model_name"],
                 )
+                # the file's family is kept; the importer's only fills in a missing one
                 assert (info.ref_audio_seconds, info.audio_sha256, info.model_family) == (
                     2.5,
                     "ab" * 32,
-                    "0.6B/12hz",
+                    family,
                 )
-                assert us_from_datetime(info.created_at) == old.voice.created_at.ToMicroseconds()
+                assert info.design == old.get("design")
+                created = Timestamp()
+                created.FromJsonString(old["created_at"])
+                assert us_from_datetime(info.created_at) == created.ToMicroseconds()
             with pytest.raises(NotFoundError):  # keyed callers do not see the anonymous voices
-                await one.get(written[0].voice_id, ALICE)
+                await one.get(written[0]["voice_id"], ALICE)
             trail = await one.audit_trail(ADMIN)
             assert sorted(e.voice_id for e in trail if e.action == "legacy_import") == sorted(
-                w.voice_id for w in written
+                w["voice_id"] for w in written
             )
             missing = await one.import_legacy_directory(tmp_path / "nowhere")
             assert (missing.imported, missing.skipped_files) == (0, ())

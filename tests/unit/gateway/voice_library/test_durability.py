@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
 from gateway.voice_library import VoiceLibraryConfig, VoiceStoreUnavailableError, create_voice_library
+from tests.helpers.crash import register_across_a_crash
 from tests.helpers.fake_stages import run
 from tests.helpers.postgres import ThrowawayPostgres, throwaway_unavailable
 
@@ -44,41 +44,19 @@ def test_postgres_crash_mid_registration_loses_no_acknowledged_voice() -> None:
 
 async def registrations_across_a_crash(server: ThrowawayPostgres) -> None:
     library = create_voice_library(server.url, VoiceLibraryConfig(timeout_s=TIMEOUT_S, pool_size=WRITERS))
-    acknowledged: dict[str, bytes] = {}
-    failed: list[BaseException] = []
-    crashed = asyncio.Event()
-    in_flight_at_crash = 0
-    in_flight = 0
 
-    async def writer(worker: int) -> None:
-        nonlocal in_flight
-        seed = worker * 10_000
-        while True:
-            seed += 1
-            in_flight += 1
-            started = time.monotonic()
-            try:
-                record = await library.add(make_voice(seed), ALICE)
-            except VoiceStoreUnavailableError as exc:
-                assert time.monotonic() - started < TIMEOUT_S + 5.0  # hang guard
-                assert crashed.is_set(), f"failed before the crash: {exc}"
-                failed.append(exc)
-                return
-            finally:
-                in_flight -= 1
-            acknowledged[record.voice_id] = record.speaker_embedding.tobytes()
+    async def register(seed: int) -> tuple[str, bytes]:
+        record = await library.add(make_voice(seed), ALICE)
+        return record.voice_id, record.speaker_embedding.tobytes()
 
     try:
         await library.start()
-        tasks = [asyncio.create_task(writer(i)) for i in range(WRITERS)]
-        while len(acknowledged) < 40:
-            await asyncio.sleep(0.01)
-        in_flight_at_crash = in_flight
-        crashed.set()
-        await asyncio.to_thread(server.crash)
-        await asyncio.gather(*tasks)  # any other exception fails the test here
-        assert len(failed) == WRITERS  # each writer's registration after the crash reported an error
-        assert in_flight_at_crash > 0
+        report = await register_across_a_crash(
+            server, register, VoiceStoreUnavailableError, writers=WRITERS, timeout_s=TIMEOUT_S
+        )
+        acknowledged = report.acknowledged
+        assert len(report.failures) == WRITERS  # each writer's registration after the crash reported an error
+        assert report.in_flight_at_crash > 0
         # after recovery: every acknowledged voice is there, bit for bit, through the same library
         await asyncio.to_thread(server.start)
         stored = {info.voice_id async for info in library.iter_voices(ADMIN)}
@@ -88,7 +66,7 @@ async def registrations_across_a_crash(server: ThrowawayPostgres) -> None:
             assert (await library.get(voice_id, ALICE)).speaker_embedding.tobytes() == embedding
         # registrations that were in flight may or may not have committed (the answer was lost),
         # but nothing else is there
-        assert len(stored - set(acknowledged)) <= in_flight_at_crash
+        assert len(stored - set(acknowledged)) <= report.in_flight_at_crash
     finally:
         await library.close()
 
