@@ -55,7 +55,7 @@ Shape = tuple[int, int, bool]
 STREAM_BYTES = 96 * 2**20
 """Weight bytes (in float32) timed per (shape, kernel): several times a server CPU's L3."""
 MAX_COPIES = 48
-REPEAT = 3
+REPEAT = 5
 
 
 def shape_key(shape: Shape) -> str:
@@ -150,14 +150,10 @@ def _run_all(layers: Sequence[KernelLinear], x: torch.Tensor) -> None:
         layer(x)
 
 
-def time_kernel(
-    kernel: str, shape: Shape, buckets: Iterable[int], repeat: int = REPEAT
-) -> dict[int, float] | None:
-    """Best seconds per call of ``kernel`` on ``shape`` at each bucket (None if unavailable),
-    over distinct random weights streamed from memory."""
+def _copies(kernel: str, shape: Shape, gen: torch.Generator) -> list[KernelLinear] | None:
+    """Distinct random layers of ``shape`` in kernel ``kernel``, enough to stream from memory."""
     fan_in, fan_out, bias = shape
     copies = max(2, min(MAX_COPIES, STREAM_BYTES // (4 * fan_in * fan_out)))
-    gen = torch.Generator().manual_seed(0)
     layers: list[KernelLinear] = []
     for _ in range(copies):
         dense = nn.Linear(fan_in, fan_out, bias=bias, device="meta")
@@ -168,18 +164,30 @@ def time_kernel(
         if layer is None:
             return None
         layers.append(layer)
-    out = {}
+    return layers
+
+
+def time_kernels(
+    kernels: Sequence[str], shape: Shape, buckets: Sequence[int], repeat: int = REPEAT
+) -> dict[str, dict[int, float]]:
+    """Best seconds per call of each available kernel on ``shape`` at each bucket, over distinct
+    random weights streamed from memory. The kernels take turns within each repeat, so a burst
+    of load from other processes slows all of them alike rather than one."""
+    gen = torch.Generator().manual_seed(0)
+    layers = {k: c for k in kernels if (c := _copies(k, shape, gen)) is not None}
+    best = {k: dict.fromkeys(buckets, float("inf")) for k in layers}
     with torch.inference_mode():
-        for b in buckets:
-            x = torch.randn(b, fan_in, generator=gen).to(layers[0].input_dtype)
-            _run_all(layers, x)  # warm-up: first touch of the weights, lazy set-up
-            best = float("inf")
-            for _ in range(repeat):
-                t0 = time.perf_counter()
-                _run_all(layers, x)
-                best = min(best, time.perf_counter() - t0)
-            out[b] = best / copies
-    return out
+        inputs = {b: torch.randn(b, shape[0], generator=gen) for b in buckets}
+        for copies in layers.values():  # warm-up: first touch of the weights, lazy set-up
+            _run_all(copies, inputs[buckets[0]].to(copies[0].input_dtype))
+        for _ in range(repeat):
+            for b in buckets:
+                for k, copies in layers.items():
+                    x = inputs[b].to(copies[0].input_dtype)
+                    t0 = time.perf_counter()
+                    _run_all(copies, x)
+                    best[k][b] = min(best[k][b], (time.perf_counter() - t0) / len(copies))
+    return best
 
 
 def measure_kernels(
@@ -197,22 +205,19 @@ def measure_kernels(
     table = KernelTable(family, buckets)
     measured = 0
     for shape in sorted(set(shapes)):
-        for kernel in kernels:
-            key = f"{kernel}|{shape_key(shape)}|t{threads}"
-            entry: dict[str, float] = cache.get(key, {})
-            missing = [b for b in buckets if str(b) not in entry]
-            if missing:
-                times = time_kernel(kernel, shape, missing)
-                if times is None:
-                    continue
-                entry = entry | {str(b): t for b, t in times.items()}
-                cache[key] = entry
-                measured += 1
-            table.seconds.setdefault(shape, {})[kernel] = {b: entry[str(b)] for b in buckets}
+        keys = {k: f"{k}|{shape_key(shape)}|t{threads}" for k in kernels}
+        if any(str(b) not in cache.get(key, {}) for key in keys.values() for b in buckets):
+            # Measured again for every kernel of the shape together (they take turns).
+            for kernel, times in time_kernels(kernels, shape, buckets).items():
+                cache[keys[kernel]] = cache.get(keys[kernel], {}) | {str(b): t for b, t in times.items()}
+            measured += 1
+        for kernel, key in keys.items():
+            if key in cache:
+                table.seconds.setdefault(shape, {})[kernel] = {b: cache[key][str(b)] for b in buckets}
     if measured:
         _store(path, cache)
     table.choose()
-    source = f"measured {measured} (kernel, shape) pairs" if measured else "from the cache"
+    source = f"measured {measured} shapes" if measured else "from the cache"
     logger.info("%s\n  (%s, %s)", table.describe(), source, path)
     return table
 

@@ -133,7 +133,7 @@ def test_measured_table_is_cached_and_not_measured_again(kernel_cache, monkeypat
     assert set(first.chosen) == shapes and all(k in FAMILIES["float32"] for k in first.chosen.values())
     cached = json.loads(choice.table_path().read_text())
     assert choice.table_path().parent == kernel_cache and cached
-    monkeypatch.setattr(choice, "time_kernel", lambda *a, **k: pytest.fail("measured again"))
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: pytest.fail("measured again"))
     again = choice.measure_kernels(shapes, "float32", (1, 2))
     assert again.seconds == first.seconds and again.chosen == first.chosen
     assert "*" in again.describe()
