@@ -5,7 +5,8 @@ Families: the candidates of a family compute the same layer at the same precisio
 among them changes only the summation order (last bits), never the model:
 
 * ``float32``: ``torch-fp32`` (``F.linear``: MKL) and ``onednn-fp32`` (pre-packed oneDNN);
-* ``bfloat16``: ``torch-bf16``, ``onednn-bf16`` and ``gemv-bf16`` (ours, :mod:`.gemv`);
+* ``bfloat16``: ``torch-bf16``, ``onednn-bf16``, ``gemv-bf16`` (ours, :mod:`.gemv`: float32
+  FMAs) and ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product);
 * ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
   int8``): ``torch-int8`` (``torch._weight_int8pack_mm``) and ``gemv-int8`` (ours).
 
@@ -24,11 +25,11 @@ from torch import nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .gemv import gemv, gemv_available
+from .gemv import bf16_dot_available, gemv, gemv_available
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
-    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16"),
+    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp"),
     "int8": ("torch-int8", "gemv-int8"),
 }
 """Candidate kernels of each family, the library default first."""
@@ -130,22 +131,24 @@ class GemvLinear(KernelLinear):
         linear: nn.Linear,
         weight_dtype: torch.dtype,
         quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+        bf16_dot: bool = False,
     ) -> None:
         super().__init__(linear)
+        self.bf16_dot = bf16_dot
         if weight_dtype == torch.int8:
             self.kernel, self.input_dtype = "gemv-int8", torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
             self.register_buffer("weight", q)
             self.register_buffer("scale", scale)
         else:
-            self.kernel, self.input_dtype = "gemv-bf16", torch.bfloat16
+            self.kernel, self.input_dtype = ("gemv-bf16dp" if bf16_dot else "gemv-bf16"), torch.bfloat16
             self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
             self.register_buffer("scale", None)
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        y = gemv(x.float(), self.weight, self.scale, self.bias)
+        y = gemv(x if self.bf16_dot else x.float(), self.weight, self.scale, self.bias)
         return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
 
 
@@ -169,6 +172,8 @@ def candidate_available(name: str) -> bool:
     """Whether kernel ``name`` runs on this machine and torch build."""
     if name.startswith("onednn"):
         return onednn_linear_available()
+    if name == "gemv-bf16dp":
+        return bf16_dot_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":
@@ -197,6 +202,8 @@ def make_candidate(
         return GemvLinear(linear, torch.int8, quantized)
     if name == "gemv-bf16":
         return GemvLinear(linear, torch.bfloat16)
+    if name == "gemv-bf16dp":
+        return GemvLinear(linear, torch.bfloat16, bf16_dot=True)
     raise ValueError(f"unknown kernel {name!r} (choose from {', '.join(CANDIDATES)})")
 
 

@@ -75,11 +75,19 @@ def _library() -> ctypes.CDLL | None:
             os.replace(out, target)  # atomic: a concurrent build sees the whole file or none
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    for name in ("gemv_i8", "gemv_bf16"):
-        fn = getattr(lib, name)
-        fn.argtypes = args
-        fn.restype = None
+    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp"):
+        fn = getattr(lib, name, None)
+        if fn is not None:
+            fn.argtypes = args
+            fn.restype = None
     return lib
+
+
+def bf16_dot_available() -> bool:
+    """Whether the kernel was built with the bf16 dot-product instruction (AVX512-BF16), for
+    bfloat16 activations (:func:`gemv` with a bfloat16 ``x``)."""
+    lib = _library()
+    return lib is not None and "avx512_bf16" in cpu_flags() and bool(lib.has_bf16dp())
 
 
 def gemv_available() -> bool:
@@ -96,19 +104,28 @@ def gemv(
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
-    ``x`` float32 [R, K] (contiguous), ``weight`` int8 (``scale`` float32 [N] required) or
-    bfloat16 [N, K], ``bias`` float32 [N] or None. Returns float32 [R, N].
+    ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required) or bfloat16 [N, K],
+    ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights
+    uses the bf16 dot-product instruction (:func:`bf16_dot_available`): exact products of the
+    same bf16 values, float32 sums.
     """
     lib = _library()
     if lib is None:
         raise RuntimeError("the GEMV kernel is not available on this machine (see gemv_available)")
     rows, k = x.shape
     n = weight.shape[0]
-    if weight.shape[1] != k or x.dtype != torch.float32:
-        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)}")
+    bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+    if weight.shape[1] != k or not (x.dtype == torch.float32 or bf16_dot):
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)} {weight.dtype}"
+        )
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=torch.float32)
-    if weight.dtype == torch.int8:
+    if bf16_dot:
+        if not bf16_dot_available():
+            raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
+        fn = lib.gemv_bf16dp
+    elif weight.dtype == torch.int8:
         if scale is None:
             raise ValueError("int8 weights need their per-channel scales")
         fn = lib.gemv_i8
@@ -142,4 +159,4 @@ def gemv_reference(
     return y
 
 
-__all__ = ["gemv", "gemv_available", "gemv_reference"]
+__all__ = ["bf16_dot_available", "gemv", "gemv_available", "gemv_reference"]
