@@ -83,6 +83,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--no-cuda-graphs": True,
         "--kv-memory": MemoryBudget(fraction=0.5),
         "--linear": "auto",
+        "--quantization": "none",
     },
     "decoder": {**MODEL, "--max-streams": 64},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
@@ -139,6 +140,7 @@ def test_environment_variables(stage: str) -> None:
         "--silence-threshold-dbfs": "-30",
         "--kv-memory": "7GiB",
         "--linear": "torch",
+        "--quantization": "int8",
     }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()
