@@ -194,6 +194,9 @@ def bench_offline(
     kernels, table = set_up_linears(
         synth.talker.talker, "cpu", synth.talker.dtype, "auto", quantization, buckets
     )
+    print(f"  linear kernels: {kernels}", flush=True)
+    if table is not None:
+        print(table.describe(), flush=True)
     request = OfflineRequest(id="offline", text=TEXT, language="english", speaker=speaker)
     sampling = tts_pb2.SamplingOptions(seed=1, max_new_tokens=max_new_tokens)
     short = tts_pb2.SamplingOptions(seed=1, max_new_tokens=SHORT_TOKENS)
@@ -219,9 +222,8 @@ def bench_offline(
         out["talker_ms_per_frame"] / max(out["bandwidth_floor_ms_per_frame"], 1e-9), 2
     )
     if batch > 1:
-        step_b = talker_seconds_per_frame(
-            [dataclasses.replace(request, id=f"offline-{i}") for i in range(batch)]
-        )
+        many = [dataclasses.replace(request, id=f"offline-{i}") for i in range(batch)]
+        step_b = talker_seconds_per_frame(synth, many, sampling, short)
         out["talker_frames_per_s_b1"] = round(1 / step_1, 2)
         out[f"talker_frames_per_s_b{batch}"] = round(batch / step_b, 2)
         out[f"b{batch}_over_b1"] = round(batch * step_1 / step_b, 2)
