@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -136,7 +137,8 @@ class Timestamper:
         """``unit``: the request's ``timestamps`` (WORD or CHARACTER); ``language``: its
         language as planned ("auto" for none); ``builder``: the stream's response builder
         (where utterances are); ``ready``: the stream's response queue, which gets each
-        ``timestamps`` response; ``sample_rate``: the native rate of the audio."""
+        ``timestamps`` response; ``sample_rate``: the native rate of the audio;
+        ``time_remaining``: the client's deadline, in seconds from now (None: none)."""
         self.aligner = aligner
         self.unit = unit
         self.language = "" if language == "auto" else language
@@ -144,7 +146,7 @@ class Timestamper:
         self.ready = ready
         self.request_id = request_id
         self.sample_rate = sample_rate
-        self.time_remaining = time_remaining
+        self._deadline = None if time_remaining is None else time.monotonic() + time_remaining
         self._audio: dict[int, list[np.ndarray]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -207,7 +209,7 @@ class Timestamper:
             self.language,
             _ALIGN_UNITS[self.unit],
             self.request_id,
-            self.time_remaining,
+            None if self._deadline is None else self._deadline - time.monotonic(),
         )
 
     async def _align(self, index: int, samples: np.ndarray, text: str, text_start: int) -> None:

@@ -8,6 +8,7 @@ the last unit sent whole named at a barge-in."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import Sequence
 
 import grpc
@@ -341,5 +342,20 @@ def test_a_barge_in_names_the_last_word_sent_whole() -> None:
             while (r := await call.read()) is not grpc.aio.EOF:
                 rest.append(r)
             assert "timestamps" not in kinds(rest)  # none for a cancelled utterance
+
+    run(main())
+
+
+def test_an_unreachable_aligner_leaves_the_audio_and_says_so() -> None:
+    async def main() -> None:
+        with socket.socket() as probe:  # a port nothing listens on
+            probe.bind(("127.0.0.1", 0))
+            target = f"127.0.0.1:{probe.getsockname()[1]}"
+        async with Harness(frames=3, aligner_targets=(target,), failover_wait_seconds=0.2) as h:
+            responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
+        assert kinds(responses)[-2:] == ["timestamps", "summary"]
+        message = responses[-2].timestamps
+        assert not message.units and "aligner stage unavailable" in message.error
+        assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
 
     run(main())
