@@ -206,3 +206,38 @@ def test_without_an_aligner_http_says_so_and_models_tell() -> None:
             assert np.isclose(body["summary"]["audio_seconds"], 2 * SAMPLES_PER_FRAME / 24000)
 
     run(main())
+
+
+def test_words_follow_speed_and_the_output_rate() -> None:
+    async def main() -> None:
+        async with (
+            serve_aligner(FakeAligner()) as target,
+            Harness(http=True, frames=FRAMES, segment_tokens=20, aligner_targets=(target,)) as h,
+        ):
+            answer = await client(h).audio.speech.create(
+                model=h.model_name,
+                input=TEXT,
+                voice="vivian",
+                response_format="pcm",
+                speed=2.0,
+                extra_body={"timestamps": "word", "stream_format": "json", "sample_rate": 16000},
+            )
+        body = json.loads(answer.content)
+        sent = len(base64.b64decode(body["audio"])) // 2
+        words = body["words"]
+        segments = body["summary"]["segments"]
+        assert body["sample_rate"] == 16000 and sent == body["summary"]["num_samples"]
+        # Half the native duration, at 16 kHz; the last word ends where the audio does.
+        assert abs(sent - len(segments) * FRAMES * SAMPLES_PER_FRAME / 2 * 2 / 3) <= len(segments) * 2
+        assert abs(words[-1]["end"] - sent / 16000) < 1e-9
+        starts = [w["start"] for w in words]
+        assert starts == sorted(starts)
+        for segment in segments:  # each segment's words inside its audio
+            inside = [w for w in words if segment["text_start"] <= w["char_start"] < segment["text_end"]]
+            first, last = (
+                segment["start_sample"] / 16000,
+                (segment["start_sample"] + segment["num_samples"]) / 16000,
+            )
+            assert inside and all(first <= w["start"] <= w["end"] <= last + 1e-9 for w in inside)
+
+    run(main())

@@ -359,3 +359,27 @@ def test_an_unreachable_aligner_leaves_the_audio_and_says_so() -> None:
         assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
 
     run(main())
+
+
+def test_a_client_leaving_stops_the_stages_and_the_pending_alignments() -> None:
+    async def main() -> None:
+        aligner = FakeAligner()
+        aligner.gate = asyncio.Event()  # alignments stay pending
+        async with (
+            serve_aligner(aligner) as target,
+            Harness(frames=3, segment_tokens=20, aligner_targets=(target,)) as h,
+        ):
+            call = h.stub.Synthesize(request(), timeout=10)
+            while not aligner.requests:  # the first segment is complete and being aligned
+                assert (await call.read()).WhichOneof("payload") in ("metadata", "audio")
+            call.cancel()
+            for _ in range(200):
+                if h.active_streams == 0 and not h.talker.active:
+                    break
+                await asyncio.sleep(0.01)
+            assert h.active_streams == 0 and h.talker.active == 0
+            tasks = [t for t in asyncio.all_tasks() if t.get_name().startswith("align ")]
+            assert not tasks, tasks
+            assert aligner.answered == 0
+
+    run(main())
