@@ -21,9 +21,10 @@ text never fails the stream: the utterance's ``timestamps`` message carries ``er
 units (logged as a warning), so a client always gets exactly one message per utterance with
 audio.
 
-Barge-in. A cancelled utterance's audio sent so far is aligned with the text it had received
-(:meth:`Timestamper.last_unit`): the last unit that ends before the audio stops is the last one
-sent whole, named by its ``utterance_end`` (waiting at most :data:`CUT_ALIGN_WAIT_S`).
+Barge-in. A cancelled utterance's audio sent so far is aligned, from the moment of the cancel,
+with the text it had received (:meth:`Timestamper.cut`): the last unit that ends before the audio
+stops is the last one sent whole, named by its ``utterance_end`` (which waits for it at most
+:data:`CUT_ALIGN_WAIT_S` from the cancel).
 """
 
 from __future__ import annotations
@@ -166,10 +167,21 @@ class Timestamper:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def last_unit(self, index: int, text: str, text_start: int) -> tts_pb2.TimedUnit | None:
-        """A cancelled utterance's last unit sent whole (see the module doc); None if none
-        was, or the alignment failed or took longer than :data:`CUT_ALIGN_WAIT_S`."""
-        pieces = self._audio.pop(index, [])
+    def cut(self, index: int, text: str, text_start: int) -> asyncio.Task[tts_pb2.TimedUnit | None]:
+        """Utterance ``index`` was cancelled (barge-in) with the audio fed so far: a task whose
+        result is its last unit sent whole (see the module doc); None if none was, or the
+        alignment failed or took longer than :data:`CUT_ALIGN_WAIT_S`. Started at the cancel,
+        so the acknowledgement waits as little as it can."""
+        task = asyncio.create_task(
+            self._last_unit(index, self._audio.pop(index, []), text, text_start), name=f"align {index} cut"
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    async def _last_unit(
+        self, index: int, pieces: list[np.ndarray], text: str, text_start: int
+    ) -> tts_pb2.TimedUnit | None:
         if not pieces or not text.strip():
             return None
         samples = np.concatenate(pieces)
