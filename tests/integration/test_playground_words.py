@@ -67,7 +67,7 @@ def _speak_with_words(browser: Browser, url: str, screenshot: Path, live: bool) 
     browser.wait_for("!playground.highlighting", 10, "the highlighting to stop")
     return browser.evaluate(
         "({seen: playground.seen, words: playground.words, captions: document.getElementById('captions').textContent,"
-        " heard: document.querySelectorAll('#captions .word.heard').length})"
+        " heard: document.querySelectorAll('#captions .word.heard').length, lastBody: playground.lastBody})"
     )
 
 
@@ -90,6 +90,8 @@ def test_each_word_is_highlighted_while_it_plays(tmp_path: Path, live: bool) -> 
     assert isinstance(words, list)
     assert [w["text"] for w in words] == ["One", "two", "three", "four", "five", "six"]
     assert page["captions"] == TEXT and page["heard"] == 6
+    if not live:  # a download asks for audio again, not for events
+        assert page["lastBody"]["response_format"] == "pcm" and "stream_format" not in page["lastBody"]  # type: ignore[index,operator]
     seconds = FRAMES * SAMPLES_PER_FRAME / 24000
     assert abs(words[-1]["end"] - seconds) < 1e-6
     seen = [s for s in page["seen"] if s["word"] >= 0]  # type: ignore[union-attr]
