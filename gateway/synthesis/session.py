@@ -338,6 +338,8 @@ class StreamingSession:
         """A cancelled utterance's acknowledgement; with timestamps, naming the last unit of
         its audio sent whole."""
         last = await utterance.cut if utterance.cut is not None else None
+        if self._timings is not None:
+            self._timings.discard(utterance.index)
         response = self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
         if last is not None:
             response.utterance_end.last_unit.CopyFrom(last)

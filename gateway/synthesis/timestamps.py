@@ -172,12 +172,18 @@ class Timestamper:
         result is its last unit sent whole (see the module doc); None if none was, or the
         alignment failed or took longer than :data:`CUT_ALIGN_WAIT_S`. Started at the cancel,
         so the acknowledgement waits as little as it can."""
+        # A copy: an utterance that completed as it was cancelled still gets its timings.
         task = asyncio.create_task(
-            self._last_unit(index, self._audio.pop(index, []), text, text_start), name=f"align {index} cut"
+            self._last_unit(index, list(self._audio.get(index, [])), text, text_start),
+            name=f"align {index} cut",
         )
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
         return task
+
+    def discard(self, index: int) -> None:
+        """Utterance ``index`` gets no ``timestamps`` message (cancelled): forget its audio."""
+        self._audio.pop(index, None)
 
     async def _last_unit(
         self, index: int, pieces: list[np.ndarray], text: str, text_start: int
