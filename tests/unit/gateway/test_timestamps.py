@@ -386,3 +386,30 @@ def test_a_client_leaving_stops_the_stages_and_the_pending_alignments() -> None:
             assert aligner.answered == 0
 
     run(main())
+
+
+def test_a_slow_aligner_never_holds_back_streamed_audio() -> None:
+    async def main() -> None:
+        aligner = FakeAligner()
+        aligner.gate = asyncio.Event()
+        flush = Message(flush=tts_pb2.FlushText())
+        texts = ["One two.", " Three four.", " Five six."]
+        messages = [Message(config=request(""))]
+        for text in texts:
+            messages += [Message(text=text), flush]
+        async with serve_aligner(aligner) as target, Harness(frames=3, aligner_targets=(target,)) as h:
+            call = h.stub.StreamingSynthesize(iter(messages), timeout=10)
+            seen = []
+            # Every utterance's audio and end arrive while the aligner holds every answer.
+            while seen.count("utterance_end") < len(texts):
+                seen.append((await call.read()).WhichOneof("payload"))
+            assert set(seen) == {"metadata", "audio", "utterance_end"}
+            assert aligner.answered == 0
+            aligner.gate.set()
+            rest = []
+            while (r := await call.read()) is not grpc.aio.EOF:
+                rest.append(r)
+            assert kinds(rest) == ["timestamps"] * len(texts) + ["summary"]
+            assert [len(r.timestamps.units) for r in rest[:-1]] == [2, 2, 2]
+
+    run(main())
