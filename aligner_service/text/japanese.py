@@ -15,6 +15,8 @@ import unicodedata
 from collections.abc import Iterator
 from typing import Any
 
+from tts_common.errors import FailedPreconditionError
+
 from .units import Piece
 
 _lock = threading.Lock()
@@ -23,8 +25,12 @@ _lock = threading.Lock()
 @functools.cache
 def _nagisa() -> Any:
     # Imported on first use: loading nagisa reads its model (~1 s) and prints DyNet's banner.
-    import nagisa
-
+    try:
+        import nagisa
+    except ImportError as exc:
+        raise FailedPreconditionError(
+            f"Japanese word timings need nagisa, which is not installed ({exc})"
+        ) from exc
     return nagisa
 
 
