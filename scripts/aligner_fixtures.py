@@ -19,7 +19,7 @@ Writes
 * ``CASE.npz``: ``audio`` (the input samples as int16 PCM: the official ran on ``audio / 32768``
   at the case's rate, mono or [n, 2]), ``input_ids``, ``features`` (the official log-mel input
   [128, frames]; left out for the long case), ``logits`` (float32 [2 * words, 256] at the
-  timestamp positions), ``classes``.
+  timestamp positions; ``logits_bf16`` the same from the bf16 model), ``classes``.
 
 The official outputs come from the official objects: ``Qwen3ForcedAligner.align`` for the items,
 and its ``processor`` + ``model.thinker`` for the logits (what ``align`` computes before its argmax).
@@ -57,7 +57,7 @@ def speechlike(seconds: float, rate: int, seed: int, peak: float = 0.6, channels
     """Deterministic syllable-like audio: voiced harmonics with a gliding pitch under a
     syllable envelope, with pauses and a little noise; int16 PCM."""
     rng = np.random.default_rng(seed)
-    n = int(seconds * rate)
+    n = round(seconds * rate)
     t = np.arange(n) / rate
     pitch = 120 + 40 * np.sin(2 * np.pi * 0.7 * t + rng.uniform(0, 6))
     phase = 2 * np.pi * np.cumsum(pitch) / rate
@@ -83,7 +83,9 @@ CASES = [
     ),
     ("chinese", "Chinese", "今天天气很好，我们去公园散步吧", 1.5, 24000, 0.5, 1),
     ("japanese", "Japanese", "東京タワーに行きました。", 1.0, 44100, 0.7, 1),
-    ("korean", "Korean", "안녕하세요 저는 학생입니다", 1.5, 16000, 0.6, 1),
+    # 24 059 samples: not a multiple of the 160-sample hop, so the official batch (features of the
+    # zero-padded waveform) gives it one frame more than it has alone
+    ("korean", "Korean", "안녕하세요 저는 학생입니다", 24059 / 16000, 16000, 0.6, 1),
     # int16 / 32768 * 2.5 peaks above 1: the official divides by the peak (and averages 2 channels)
     ("german", "German", "Grüße aus München: Straße Nr. 7!", 1.0, 22050, 2.5, 2),
     (
@@ -152,6 +154,7 @@ def main() -> None:
             "audio": pcm,
             "input_ids": inputs["input_ids"][0].numpy(),
             "logits": logits.numpy(),
+            "logits_bf16": logits_bf16.numpy(),
             "classes": classes.numpy(),
         }
         if name != "long":
@@ -183,7 +186,9 @@ def main() -> None:
         )
     _, batch_rows = run(aligner, prompts, audios16)
     for (name, *_), row in zip(CASES, batch_rows):
+        single = torch.from_numpy(np.load(OUT / f"{name}.npz")["logits"])
         meta["cases"][name]["classes_official_batch"] = row.argmax(-1).tolist()
+        meta["cases"][name]["official_batch_max_logit_diff"] = float((row - single).abs().max())
     (OUT / "cases.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"wrote {OUT} ({total / 1e6:.2f} MB)")
