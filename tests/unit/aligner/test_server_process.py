@@ -40,7 +40,17 @@ def test_process_serves_and_drains(dev_aligner: Path) -> None:
     port = _free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3TTS_")}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "aligner_service", "--model", str(dev_aligner), "--device", "cpu", "--port", str(port)],
+        [
+            sys.executable,
+            "-m",
+            "aligner_service",
+            "--model",
+            str(dev_aligner),
+            "--device",
+            "cpu",
+            "--port",
+            str(port),
+        ],
         cwd=ROOT,
         env=env,
         stdout=subprocess.PIPE,
@@ -70,7 +80,9 @@ def test_process_serves_and_drains(dev_aligner: Path) -> None:
             audio = (0.1 * np.sin(np.arange(24000) / 5.0)).astype("<f4")
             text = "Word timings, from the dev aligner."
             reply = stub.Align(
-                stages_pb2.AlignRequest(pcm=audio.tobytes(), sample_rate=24000, text=text, language="english"),
+                stages_pb2.AlignRequest(
+                    pcm=audio.tobytes(), sample_rate=24000, text=text, language="english"
+                ),
                 timeout=30,
             )
             assert [u.text for u in reply.units] == ["Word", "timings", "from", "the", "dev", "aligner"]
