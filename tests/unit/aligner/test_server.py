@@ -211,6 +211,28 @@ def test_one_bad_input_fails_alone_in_its_batch() -> None:
     assert all(isinstance(g, stages_pb2.AlignResponse) and len(g.units) == 2 for g in goods)
 
 
+def test_a_caller_that_gives_up_is_dropped_and_the_others_are_served() -> None:
+    """A call whose deadline passes while it waits for a forward pass ends DEADLINE_EXCEEDED; it
+    is not run (its row is not computed) and later calls are served as usual."""
+    model = FakeAligner(delay_s=0.4)
+
+    async def body(stub):
+        first = asyncio.ensure_future(stub.Align(request("first call", 0.5), timeout=10))
+        while not model.batches:  # the first forward pass is running
+            await asyncio.sleep(0.01)
+        with pytest.raises(grpc.aio.AioRpcError) as info:
+            await stub.Align(request("impatient", 0.6), timeout=0.1)
+        later = await stub.Align(request("later call", 0.7), timeout=10)
+        return await first, info.value, later
+
+    first, error, later = with_stub(servicer_for(model, batch_wait_ms=0.0), body)
+    assert error.code() == grpc.StatusCode.DEADLINE_EXCEEDED
+    assert [u.text for u in first.units] == ["first", "call"]
+    assert [u.text for u in later.units] == ["later", "call"]
+    ran = [item.words for batch in model.batches for item in batch]
+    assert ["impatient"] not in ran
+
+
 def test_max_audio_seconds_flag_lowers_the_model_limit() -> None:
     async def body(stub):
         with pytest.raises(grpc.aio.AioRpcError) as info:

@@ -98,3 +98,27 @@ def test_align_gives_the_official_items(max_batch_size: int) -> None:
             assert 0 <= unit.char_start < unit.char_end <= len(text)
         starts = [u.start_ms for u in reply.units]
         assert starts == sorted(starts)
+
+
+def test_bfloat16_stage_serves_the_same_words() -> None:
+    """``--dtype bfloat16`` reaches the model (bf16 logits are coarse, so its times are checked for
+    shape, not equality: tests/unit/aligner/test_model.py pins bf16 numerics)."""
+    servicer = AlignerServicer(
+        str(FIXTURE / "ckpt"), AlignerConfig(dtype="bfloat16"), load_model=load_aligner, make_input=AlignInput
+    )
+
+    async def main() -> tuple[stages_pb2.AlignerInfo, stages_pb2.AlignResponse]:
+        server, target = await started(servicer)
+        try:
+            async with grpc.aio.insecure_channel(target) as channel:
+                stub = stages_pb2_grpc.AlignerStub(channel)
+                info = await stub.GetModelInfo(stages_pb2.GetModelInfoRequest(), timeout=10)
+                return info, await stub.Align(case_request("english"), timeout=120)
+        finally:
+            await stopped(server, servicer)
+
+    info, reply = run(main(), timeout=300)
+    assert info.dtype == "bfloat16"
+    assert [u.text for u in reply.units] == CASES["english"]["words"]
+    times = [t for u in reply.units for t in (u.start_ms, u.end_ms)]
+    assert times == sorted(times) and all(t % 80 == 0 for t in times)
