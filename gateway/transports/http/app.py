@@ -44,9 +44,10 @@ from ...core import Gateway
 from ...voice_library import Caller
 from ..auth import ApiKeys, Callers
 from .connection import check_ready, request_id_of
-from .errors import count, install_error_handlers
+from .errors import count, error_responses, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
 from .limits import BodySizeLimit
+from .openapi import install_openapi, speech_responses
 from .schemas import SpeechRequest
 from .speech import speech_request
 from .streaming import SynthesisResponse, audio_bytes, sse_events
@@ -177,15 +178,21 @@ def create_app(api: HttpApi) -> FastAPI:
     )
     app.state.api = api
     install_error_handlers(app)
+    install_openapi(app, keys=api.keys is not None)
     config = api.config
     app.add_middleware(
         BodySizeLimit,
         default_limit=config.http_max_body_bytes,
         limits={("POST", VOICES_PATH): config.http_max_body_bytes + config.max_ref_audio_bytes},
     )
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(api.check_ready), Depends(api.check_key)])
+    v1 = APIRouter(
+        prefix="/v1",
+        dependencies=[Depends(api.check_ready), Depends(api.check_key)],
+        responses=error_responses(),
+    )
 
-    @v1.post("/audio/speech", response_class=SynthesisResponse)
+    # status_code: FastAPI cannot read it off SynthesisResponse (its __init__ has none).
+    @v1.post("/audio/speech", response_class=SynthesisResponse, status_code=200, responses=speech_responses())
     async def create_speech(body: SpeechRequest, request: Request) -> SynthesisResponse:  # type: ignore[valid-type]
         return await api.speech(body, request)
 
@@ -211,7 +218,7 @@ def create_app(api: HttpApi) -> FastAPI:
     async def playground() -> HTMLResponse:
         return HTMLResponse(page, headers={"cache-control": "no-cache"})
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "Not serving (starting, stopping, a stage down)."}})
     async def health() -> JSONResponse:
         return api.health_response()
 

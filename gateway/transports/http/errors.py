@@ -23,6 +23,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from tts_common import metrics
@@ -75,6 +76,47 @@ RETRY_AFTER_SECONDS = 1
 # The HTTP statuses of gRPC-less failures (routing, body parsing), by their gRPC counterpart.
 _GRPC_FOR_HTTP = {status: code for code, status in HTTP_STATUS.items() if code is not grpc.StatusCode.ABORTED}
 _GRPC_FOR_HTTP.update({405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.INVALID_ARGUMENT})
+
+
+class ErrorObject(BaseModel):
+    """OpenAI's error object."""
+
+    message: str = Field(description="What went wrong (for a server error: the request id to quote).")
+    type: str = Field(description="OpenAI's error type, e.g. invalid_request_error, rate_limit_error.")
+    param: str | None = Field(description="The offending request field, where one is to blame.")
+    code: str = Field(description="The gRPC status name in lower case, e.g. invalid_argument.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer's body (OpenAI's shape)."""
+
+    error: ErrorObject
+
+
+ERROR_STATUSES: dict[int, str] = {
+    400: "Invalid request: a field, the body, its framing or its text (names the field).",
+    401: "No API key (API keys configured).",
+    403: "Unknown API key.",
+    404: "Unknown model, voice or route.",
+    413: "Request body too large.",
+    429: "At capacity (Retry-After).",
+    431: "Request headers too large or too many.",
+    500: "Internal error (the message names the request id; details are in the server log).",
+    503: "Not serving, or a stage or the voice database unavailable (Retry-After).",
+    504: "Deadline exceeded.",
+}
+"""The error statuses every ``/v1`` route can answer, described once for the OpenAPI document."""
+
+
+def error_responses(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of the error answers (:data:`ERROR_STATUSES` plus
+    ``extra`` statuses, and ``default`` for any other, e.g. 405): all :class:`ErrorBody`."""
+    descriptions = {**ERROR_STATUSES, **{s: ERROR_TYPES.get(s, "error") for s in extra}}
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": text} for status, text in sorted(descriptions.items())
+    }
+    responses["default"] = {"model": ErrorBody, "description": "Any other error."}
+    return responses
 
 
 @dataclass(frozen=True)
@@ -184,11 +226,15 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "ERROR_STATUSES",
     "ERROR_TYPES",
     "HTTP_STATUS",
+    "ErrorBody",
+    "ErrorObject",
     "RETRY_AFTER_SECONDS",
     "HttpError",
     "count",
+    "error_responses",
     "http_error",
     "install_error_handlers",
     "log_and_count",
