@@ -31,6 +31,7 @@ from tts_common.errors import PayloadTooLargeError, TTSError
 from tts_common.serving.rpc_errors import grpc_status_for, retry_after_seconds
 
 from ...config import STAGE
+from .connection import known_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -151,25 +152,40 @@ def _with_retry_after(status: int, exc: BaseException | None = None) -> dict[str
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
 
 
-def http_error(exc: BaseException) -> HttpError:
-    """The HTTP status, message and headers of ``exc`` (any exception)."""
+INTERNAL_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
+"""Statuses whose details are internals (a bug here or in a stage): never shown to a client."""
+
+
+def internal_message(request_id: str | None) -> str:
+    """What a client is told about an internal error: the request id to quote, nothing else."""
+    where = f" (request id {request_id})" if request_id else ""
+    return f"internal error{where}; the details are in the server log"
+
+
+def http_error(exc: BaseException, request_id: str | None = None) -> HttpError:
+    """The HTTP status, message and headers of ``exc`` (any exception). An internal error's
+    message is :func:`internal_message` (``request_id``: the id the log has it under): no class
+    name, repr, path or traceback of it reaches the client."""
     if isinstance(exc, RequestValidationError):
         return validation_error(exc.errors())
     if isinstance(exc, HTTPException):
         code = _GRPC_FOR_HTTP.get(exc.status_code, grpc.StatusCode.UNKNOWN)
+        message = str(exc.detail) if exc.status_code < 500 else internal_message(request_id)
         return HttpError(
             exc.status_code,
             code,
-            str(exc.detail),
+            message,
             headers={**(exc.headers or {}), **_with_retry_after(exc.status_code)},
         )
     code = grpc_status_for(exc)
     status = 413 if isinstance(exc, PayloadTooLargeError) else HTTP_STATUS[code]
-    if isinstance(exc, grpc.aio.AioRpcError):
-        message = exc.details() or code.name
+    if code in INTERNAL_CODES:
+        stage = getattr(exc, "stage", None)  # a stage's failure (StageError) names the stage
+        message = (f"{stage} stage: " if isinstance(stage, str) else "") + internal_message(request_id)
+    elif isinstance(exc, grpc.aio.AioRpcError):
+        message = exc.details() or code.name.lower()
     else:
-        text = str(exc) or type(exc).__name__
-        message = f"internal error: {type(exc).__name__}: {text}" if status == 500 else text
+        message = str(exc) or code.name.lower()
     return HttpError(status, code, message, headers=_with_retry_after(status, exc))
 
 
@@ -194,10 +210,11 @@ def validation_error(errors: Sequence[Any]) -> HttpError:
 
 
 def log_and_count(error: HttpError, exc: BaseException | None, where: str) -> None:
-    """Log a failed request (internal errors with their traceback) and count its final status
-    in ``qwen3tts_requests_total`` (the same counter and labels as gRPC)."""
-    if error.status >= 500 and error.grpc_code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        logger.error("%s failed: %s", where, error.message, exc_info=exc)
+    """Log a failed request (internal errors with what they were and their traceback: only the
+    log has them) and count its final status in ``qwen3tts_requests_total`` (the same counter
+    and labels as gRPC)."""
+    if error.grpc_code in INTERNAL_CODES:
+        logger.error("%s failed: %s: %r", where, error.message, exc, exc_info=exc)
     else:
         logger.info("%s failed: %d %s: %s", where, error.status, error.grpc_code.name, error.message)
     count(error.grpc_code)
@@ -213,9 +230,12 @@ def install_error_handlers(app: FastAPI) -> None:
     an OpenAI error response."""
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        error = http_error(exc)
-        log_and_count(error, exc, f"{request.method} {request.url.path}")
-        return error.response()
+        request_id = known_request_id(request)
+        error = http_error(exc, request_id)
+        log_and_count(error, exc, f"{request.method} {request.url.path} [{request_id}]")
+        response = error.response()
+        response.headers["x-request-id"] = request_id
+        return response
 
     app.add_exception_handler(RequestValidationError, handle)
     app.add_exception_handler(HTTPException, handle)
@@ -236,6 +256,7 @@ __all__ = [
     "count",
     "error_responses",
     "http_error",
+    "internal_message",
     "install_error_handlers",
     "log_and_count",
     "validation_error",

@@ -44,6 +44,7 @@ from ...core import Gateway
 from ...synthesis.text_cutter import read_config
 from ...voice_library import NO_KEYS
 from ..auth import ApiKeys, Callers
+from ..text import check_text
 from .connection import check_ready, request_id_of
 from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
@@ -93,6 +94,7 @@ async def _receive(websocket: WebSocket) -> dict[str, Any] | None:
         raise InvalidRequestError(f"message is not JSON: {exc}") from None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise InvalidRequestError('message is not a JSON object with a "type"')
+    check_text(value, "")  # before any of it (the api_key too) is used
     return value
 
 
@@ -197,7 +199,7 @@ class SpeechStream:
             if self.closed_by_client:
                 count(grpc.StatusCode.CANCELLED)
                 return
-            error = http_error(exc)
+            error = http_error(exc, self.request_id)
             log_and_count(error, exc, f"WS {STREAM_PATH} [{self.request_id}]")
             try:
                 await websocket.send_json({"type": "error", **error.body()})
