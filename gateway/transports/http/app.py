@@ -31,7 +31,8 @@ from importlib import resources
 from typing import Any
 
 import grpc
-from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Request, WebSocket
+from fastapi.requests import HTTPConnection
 from fastapi.responses import HTMLResponse, JSONResponse
 from google.protobuf.json_format import MessageToDict
 
@@ -43,6 +44,7 @@ from ...config import GatewayConfig
 from ...core import Gateway
 from ...voice_library import Caller
 from ..auth import ApiKeys, Callers
+from .access import AccessGate
 from .connection import check_ready, request_id_of
 from .errors import count, error_responses, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
@@ -76,18 +78,16 @@ class HttpApi:
         self.health: ServingHealth | None = None
         """Set when the server starts (None: always ready, for embedding in tests)."""
 
-    # --- dependencies of the /v1 routes ---------------------------------------------------------
-    def check_ready(self) -> None:
-        """UNAVAILABLE (503) unless the process is serving."""
+    # --- the gate of the /v1 routes (:class:`.access.AccessGate`: before the body is read) -----
+    def check_access(self, connection: HTTPConnection) -> None:
+        """UNAVAILABLE (503) unless the process is serving; then UNAUTHENTICATED (401) /
+        PERMISSION_DENIED (403) unless the request carries a valid key."""
         check_ready(self.health)
-
-    def check_key(self, request: Request) -> None:
-        """UNAUTHENTICATED (401) / PERMISSION_DENIED (403) unless the request carries a key."""
         if self.keys is not None:
-            self.keys.authenticate(request.headers.items(), "header")
+            self.keys.authenticate(connection.headers.items(), "header")
 
     def caller(self, request: Request) -> Caller:
-        """Whose request it is (its API key, accepted by :meth:`check_key`)."""
+        """Whose request it is (its API key, accepted by :meth:`check_access`)."""
         return self.callers.of(request.headers.items())
 
     # --- routes ---------------------------------------------------------------------------------
@@ -185,11 +185,9 @@ def create_app(api: HttpApi) -> FastAPI:
         default_limit=config.http_max_body_bytes,
         limits={("POST", VOICES_PATH): config.http_max_body_bytes + config.max_ref_audio_bytes},
     )
-    v1 = APIRouter(
-        prefix="/v1",
-        dependencies=[Depends(api.check_ready), Depends(api.check_key)],
-        responses=error_responses(),
-    )
+    # Outermost: readiness and the key before the body is read, then its size.
+    app.add_middleware(AccessGate, check=api.check_access)
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # status_code: FastAPI cannot read it off SynthesisResponse (its __init__ has none).
     @v1.post("/audio/speech", response_class=SynthesisResponse, status_code=200, responses=speech_responses())
@@ -210,7 +208,15 @@ def create_app(api: HttpApi) -> FastAPI:
     @app.websocket(STREAM_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         # Readiness and the API key are checked on the connection (errors as close codes).
-        await SpeechStream(websocket, api.gateway, api.aliases, api.keys, api.health, api.callers).run()
+        await SpeechStream(
+            websocket,
+            api.gateway,
+            api.aliases,
+            api.keys,
+            api.health,
+            api.callers,
+            config_timeout=config.websocket_config_timeout_seconds,
+        ).run()
 
     page = playground_html()
 

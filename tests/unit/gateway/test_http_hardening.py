@@ -7,6 +7,7 @@ the OpenAPI document: test_http_openapi.)"""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import re
 from typing import Any
@@ -15,6 +16,7 @@ import grpc
 import httpx2
 import pytest
 from websockets.asyncio.client import connect
+from websockets.exceptions import InvalidStatus
 
 from tests.helpers.fake_stages import Harness, run
 from tests.unit.gateway.test_http_websocket import read_until_closed, ws_url
@@ -189,5 +191,78 @@ def test_multipart_field_that_is_not_utf8_is_400_naming_it() -> None:
             assert "'name'" in message and "not valid UTF-8" in message
             listing = await client.get("/v1/audio/voices")
             assert not [v for v in listing.json()["data"] if v["type"] != "preset" and v["type"] != "alias"]
+
+    run(main())
+
+
+# --- finding 4: the key before the body ------------------------------------------------------
+@pytest.mark.parametrize(("headers", "status"), [({}, 401), ({"x-api-key": "wrong"}, 403)])
+def test_key_is_checked_before_the_body_is_parsed(headers: dict[str, str], status: int) -> None:
+    async def main() -> None:
+        async with (
+            Harness(http=True, api_keys=frozenset({KEY})) as h,
+            httpx2.AsyncClient(base_url=h.http_url) as c,
+        ):
+            for method, path in [("POST", "/v1/audio/speech"), ("POST", "/v1/audio/voices/import")]:
+                response = await c.request(
+                    method,
+                    path,
+                    content=b'{"input": ',
+                    headers={"content-type": "application/json", **headers},
+                )
+                assert response.status_code == status, (path, response.text)
+            for path in ["/v1/audio/voices/voice-" + "0" * 32]:
+                response = await c.patch(
+                    path, content=b"\xff", headers={"content-type": "application/json", **headers}
+                )
+                assert response.status_code == status
+
+    run(main())
+
+
+def test_unauthenticated_upload_is_refused_without_reading_it() -> None:
+    """Headers announcing a large multipart upload, a few bytes of it sent: 401 at once, and the
+    connection closed (the rest is never read)."""
+
+    async def main() -> None:
+        async with Harness(http=True, api_keys=frozenset({KEY})) as h:
+            port = int(h.http_url.rsplit(":", 1)[1])
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            writer.write(
+                b"POST /v1/audio/voices HTTP/1.1\r\nHost: t\r\nContent-Length: 1000000\r\n"
+                b"Content-Type: multipart/form-data; boundary=x\r\n\r\n--x\r\n"
+            )
+            await writer.drain()
+            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+            assert head.startswith(b"HTTP/1.1 401"), head
+            assert b"connection: close" in head.lower()
+            await asyncio.wait_for(reader.read(), 5)  # the server closes: EOF
+            writer.close()
+
+    run(main())
+
+
+# --- finding 5: the WebSocket's key at the handshake and the config deadline --------------------
+def test_websocket_wrong_header_key_is_refused_before_accepting() -> None:
+    async def main() -> None:
+        async with Harness(http=True, frames=1, api_keys=frozenset({KEY})) as h:
+            with pytest.raises(InvalidStatus) as refused:
+                async with connect(ws_url(h), additional_headers={"x-api-key": "wrong"}):
+                    pass
+            assert refused.value.response.status_code == 403
+
+    run(main())
+
+
+def test_websocket_without_config_is_closed_with_1008_at_the_deadline() -> None:
+    async def main() -> None:
+        async with Harness(
+            http=True, frames=1, api_keys=frozenset({KEY}), websocket_config_timeout_seconds=0.3
+        ) as h:
+            async with connect(ws_url(h)) as ws:
+                started = asyncio.get_running_loop().time()
+                await asyncio.wait_for(read_until_closed(ws), 5)
+                assert ws.close_code == 1008
+                assert asyncio.get_running_loop().time() - started < 3
 
     run(main())
