@@ -48,7 +48,7 @@ from .access import AccessGate
 from .connection import check_ready, request_id_of
 from .errors import count, error_responses, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
-from .limits import BodySizeLimit
+from .limits import BodySizeLimit, RequestFraming
 from .openapi import install_openapi, speech_responses
 from .schemas import SpeechRequest
 from .speech import speech_request
@@ -185,8 +185,11 @@ def create_app(api: HttpApi) -> FastAPI:
         default_limit=config.http_max_body_bytes,
         limits={("POST", VOICES_PATH): config.http_max_body_bytes + config.max_ref_audio_bytes},
     )
-    # Outermost: readiness and the key before the body is read, then its size.
+    # Outside in: the request's framing and head, readiness and the key, then the body's size.
     app.add_middleware(AccessGate, check=api.check_access)
+    app.add_middleware(
+        RequestFraming, max_headers=config.http_max_headers, max_head_bytes=config.http_max_header_bytes
+    )
     v1 = APIRouter(prefix="/v1", responses=error_responses())
 
     # status_code: FastAPI cannot read it off SynthesisResponse (its __init__ has none).

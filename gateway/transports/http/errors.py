@@ -63,6 +63,7 @@ ERROR_TYPES: dict[int, str] = {
     404: "not_found_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
     501: "not_implemented_error",
@@ -76,7 +77,13 @@ RETRY_AFTER_SECONDS = 1
 
 # The HTTP statuses of gRPC-less failures (routing, body parsing), by their gRPC counterpart.
 _GRPC_FOR_HTTP = {status: code for code, status in HTTP_STATUS.items() if code is not grpc.StatusCode.ABORTED}
-_GRPC_FOR_HTTP.update({405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.INVALID_ARGUMENT})
+_GRPC_FOR_HTTP.update(
+    {
+        405: grpc.StatusCode.UNIMPLEMENTED,
+        413: grpc.StatusCode.INVALID_ARGUMENT,
+        431: grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
 
 
 class ErrorObject(BaseModel):

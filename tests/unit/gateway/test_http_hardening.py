@@ -266,3 +266,65 @@ def test_websocket_without_config_is_closed_with_1008_at_the_deadline() -> None:
                 assert asyncio.get_running_loop().time() - started < 3
 
     run(main())
+
+
+# --- finding 6: framing and head limits, over a real socket -------------------------------------
+async def _exchange(port: int, *pieces: bytes) -> tuple[bytes, bool]:
+    """Send ``pieces`` (a pause between them); the answer's head, and whether the server then
+    closed the connection."""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        for piece in pieces:
+            writer.write(piece)
+            await writer.drain()
+            await asyncio.sleep(0.05)
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        length = int(re.search(rb"content-length: (\d+)", head.lower()).group(1))  # type: ignore[union-attr]
+        await reader.readexactly(length)
+        try:
+            closed = await asyncio.wait_for(reader.read(1), 1) == b""
+        except TimeoutError:
+            closed = False  # kept open for the next request
+        return head, closed
+    finally:
+        writer.close()
+
+
+def test_framing_and_header_limits_over_a_socket() -> None:
+    async def main() -> None:
+        async with Harness(http=True, http_max_headers=20, http_max_header_bytes=2048) as h:
+            port = int(h.http_url.rsplit(":", 1)[1])
+            body = json.dumps(speech_body()).encode()
+            chunked = f"{len(body):x}\r\n".encode() + body + b"\r\n0\r\n\r\n"
+            smuggled = (
+                b"POST /v1/audio/speech HTTP/1.1\r\nHost: t\r\nContent-Type: application/json\r\n"
+                + f"Content-Length: {len(body)}\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+                + chunked
+            )
+            head, closed = await _exchange(port, smuggled)
+            assert head.startswith(b"HTTP/1.1 400") and closed, head
+
+            many = (
+                b"GET /health HTTP/1.1\r\nHost: t\r\n"
+                + b"".join(b"X-%d: 1\r\n" % i for i in range(25))
+                + b"\r\n"
+            )
+            head, closed = await _exchange(port, many)
+            assert head.startswith(b"HTTP/1.1 431") and closed, head
+
+            big = b"GET /health HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 3000 + b"\r\n\r\n"
+            head, closed = await _exchange(port, big)
+            assert head.startswith(b"HTTP/1.1 431") and closed, head
+            # The same head arriving in pieces (the parser buffers it): 431 too.
+            head, closed = await _exchange(port, big[:1000], big[1000:2500], big[2500:])
+            assert head.startswith(b"HTTP/1.1 431") and closed, head
+
+            within = (
+                b"GET /health HTTP/1.1\r\nHost: t\r\n"
+                + b"".join(b"X-%d: 1\r\n" % i for i in range(15))
+                + b"\r\n"
+            )
+            head, closed = await _exchange(port, within)
+            assert head.startswith(b"HTTP/1.1 200") and not closed, head
+
+    run(main())
