@@ -28,7 +28,7 @@ PARSER_HEAD_FACTOR = 4
 
 def head_bytes(scope: Scope) -> int:
     """The size of a request's head as sent: request line and header lines."""
-    line = len(scope["method"]) + len(scope.get("raw_path") or scope["path"].encode()) + 12
+    line = len(scope.get("method", "GET")) + len(scope.get("raw_path") or scope["path"].encode()) + 12
     line += len(scope.get("query_string", b"")) + 1
     return line + sum(len(name) + len(value) + 4 for name, value in scope["headers"]) + 2
 
