@@ -15,7 +15,8 @@ deadline. ``code`` is the gRPC status name in lower case.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -196,6 +197,19 @@ def http_error(exc: BaseException, request_id: str | None = None) -> HttpError:
     return HttpError(status, code, message, headers=_with_retry_after(status, exc))
 
 
+def client_message(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message, without the Python in it (a ``<class 'str'>``, a class name)."""
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":
+        return "unknown field"
+    if "UploadFile" in message:
+        return "expected a file (a multipart part with a filename)"
+    return _PYTHON_CLASS.sub(r"\1", message)
+
+
+_PYTHON_CLASS = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>")
+
+
 def validation_error(errors: Sequence[Any]) -> HttpError:
     """FastAPI/pydantic body errors: 400 (OpenAI's status for bad parameters, not 422) naming
     every offending field; ``param`` is the first one."""
@@ -204,9 +218,7 @@ def validation_error(errors: Sequence[Any]) -> HttpError:
         location = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
         name = ".".join(location)
         params.append(name or None)
-        message = error.get("msg", "invalid value")
-        if error.get("type") == "extra_forbidden":
-            message = "unknown field"
+        message = client_message(error)
         parts.append(f"{name}: {message}" if name else message)
     return HttpError(
         400,
