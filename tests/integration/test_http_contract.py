@@ -7,9 +7,7 @@ fails it."""
 
 from __future__ import annotations
 
-import asyncio
 import re
-import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -24,7 +22,7 @@ from schemathesis.specs.openapi.checks import (
     status_code_conformance,
 )
 
-from tests.helpers.fake_stages import Harness
+from tests.helpers.live_gateway import LiveGateway
 
 KEY = "contract-key"
 AUTH = {"authorization": f"Bearer {KEY}"}
@@ -32,26 +30,6 @@ INTERNALS = re.compile(r"Error\b|Exception|Traceback|<[^>]* at 0x|0x[0-9a-f]{6,}
 ERROR_FIELDS = {"message", "type", "param", "code"}
 MAX_EXAMPLES = 5
 """Per operation and generation mode: the whole file runs in seconds."""
-
-
-class LiveGateway:
-    """A :class:`Harness` (HTTP on) served from its own thread's event loop, for synchronous
-    clients."""
-
-    def __init__(self, **config: Any) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self.loop.run_forever, name="live-gateway", daemon=True)
-        self.harness = Harness(http=True, frames=2, delay=0.0, **config)
-
-    def __enter__(self) -> Harness:
-        self.thread.start()
-        return asyncio.run_coroutine_threadsafe(self.harness.__aenter__(), self.loop).result(30)
-
-    def __exit__(self, *exc: object) -> None:
-        asyncio.run_coroutine_threadsafe(self.harness.__aexit__(None, None, None), self.loop).result(30)
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(10)
-        self.loop.close()
 
 
 @pytest.fixture(scope="module")
