@@ -328,3 +328,21 @@ def test_framing_and_header_limits_over_a_socket() -> None:
             assert head.startswith(b"HTTP/1.1 200") and not closed, head
 
     run(main())
+
+
+def test_grpc_internal_error_gives_the_request_id_not_the_exception(monkeypatch: pytest.MonkeyPatch) -> None:
+    async def main() -> None:
+        async with Harness() as h:
+
+            async def broken() -> Any:
+                raise RuntimeError("secret detail at /work/x.py <object at 0xdeadbeef>")
+
+            monkeypatch.setattr(h.gateway.catalog, "list_models", broken)
+            with pytest.raises(grpc.aio.AioRpcError) as failure:
+                await h.stub.ListModels(tts_pb2.ListModelsRequest(), metadata=[("x-request-id", "req-grpc")])
+            assert failure.value.code() == grpc.StatusCode.INTERNAL
+            details = failure.value.details() or ""
+            assert "req-grpc" in details and "secret" not in details
+            assert_clean(details)
+
+    run(main())
