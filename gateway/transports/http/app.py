@@ -2,8 +2,13 @@
 transport-free core (:class:`gateway.core.Gateway`), so model choice, validation, admission,
 voices and metrics are the gRPC API's own.
 
-Routes (``/v1`` needs the API key when keys are configured, and answers 503 while the process is
-not serving: starting up or shutting down):
+Before any route: a request framed with both ``Content-Length`` and ``Transfer-Encoding`` is 400,
+an oversized head 431 (:class:`.limits.RequestFraming`); then ``/v1`` needs the API key when keys
+are configured and answers 503 while the process is not serving (starting up or shutting down),
+both decided from the headers before the body is read (:class:`.access.AccessGate`); then the
+body's size (413). ``/openapi.json`` describes every route as it behaves (:mod:`.openapi`).
+
+Routes:
 
 * ``POST /v1/audio/speech`` — OpenAI's speech body (+ our fields as ``extra_body``); ``model``
   names a served model (absent or "": the default; unknown: 404 listing them); the audio
