@@ -178,6 +178,12 @@ def create_app(api: HttpApi) -> FastAPI:
     app = FastAPI(
         title="qwen3-tts OpenAI-compatible API",
         version="1",
+        description="OpenAI's speech API (plus our fields) over Qwen3-TTS, and a voice library. "
+        "Every error is OpenAI's error object. Where API keys are configured, /v1 needs "
+        "`authorization: Bearer KEY` or `x-api-key: KEY`, checked before the body is read. "
+        "Not described here (OpenAPI has no WebSockets): `WebSocket /v1/audio/speech/stream`, text "
+        "in as it is written and audio out as it is spoken (the key as a handshake header, or "
+        '`api_key` in the first `{"type": "config"}` message, due within --websocket-config-timeout-seconds, default 10 s).',
         docs_url="/docs",
         redoc_url=None,
     )
