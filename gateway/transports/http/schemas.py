@@ -30,6 +30,14 @@ TEXT_FEEDINGS: dict[str, int] = {
 }
 
 
+TimestampsName = Literal["none", "word", "character"]
+TIMESTAMP_UNITS: dict[str, int] = {
+    "none": tts_pb2.TIMESTAMP_UNIT_UNSPECIFIED,
+    "word": tts_pb2.TIMESTAMP_UNIT_WORD,
+    "character": tts_pb2.TIMESTAMP_UNIT_CHARACTER,
+}
+
+
 class ApiBody(BaseModel):
     """Base of every JSON body and message of the HTTP API: each field's text is checked
     (:func:`~gateway.transports.text.text_problem`: a lone surrogate is 400 naming the field,
@@ -78,6 +86,12 @@ class _SpeechRequestBase(ApiBody):
     sample_rate: int = Field(0, ge=0, le=2**31 - 1, description="Output rate; 0 = the format's default.")
     first_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
     max_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
+    timestamps: TimestampsName = Field(
+        "none",
+        description="Word (or character) timings of the audio (SynthesizeRequest.timestamps): "
+        "`speech.audio.timestamps` events (SSE, WebSocket), or in the body with stream_format `json`. "
+        "Needs the gateway's aligner stage (else 400, FAILED_PRECONDITION).",
+    )
 
 
 _INT_RANGES = {
@@ -117,4 +131,13 @@ SpeechRequest: type[_SpeechRequestBase] = create_model(  # type: ignore[call-ove
 """The body of ``POST /v1/audio/speech`` (unknown fields are rejected, naming them)."""
 
 
-__all__ = ["ApiBody", "SAMPLING_FIELDS", "TEXT_FEEDINGS", "SpeechRequest", "TextFeedingName", "VoiceRef"]
+__all__ = [
+    "SAMPLING_FIELDS",
+    "TEXT_FEEDINGS",
+    "TIMESTAMP_UNITS",
+    "ApiBody",
+    "SpeechRequest",
+    "TextFeedingName",
+    "TimestampsName",
+    "VoiceRef",
+]

@@ -35,10 +35,18 @@ def test_openapi_document_is_valid_and_describes_the_routes(keys: bool) -> None:
     assert {"/v1/audio/speech", "/v1/models", "/v1/models/{model_id}", "/v1/audio/voices"} <= set(paths)
     speech = paths["/v1/audio/speech"]["post"]
     content = speech["responses"]["200"]["content"]
-    assert {f.media_type for f in RESPONSE_FORMATS.values()} | {SSE_MEDIA_TYPE} == set(content)
+    assert {f.media_type for f in RESPONSE_FORMATS.values()} | {SSE_MEDIA_TYPE, "application/json"} == set(
+        content
+    )
+    assert content["application/json"]["schema"]["$ref"].endswith("/SpeechJsonBody")
     assert content[SSE_MEDIA_TYPE]["x-event-schema"]["$ref"].endswith("/SpeechStreamEvent")
     events = document["components"]["schemas"]["SpeechStreamEvent"]
-    assert set(events["discriminator"]["mapping"]) == {"speech.audio.delta", "speech.audio.done", "error"}
+    assert set(events["discriminator"]["mapping"]) == {
+        "speech.audio.delta",
+        "speech.audio.timestamps",
+        "speech.audio.done",
+        "error",
+    }
 
     error_ref = "#/components/schemas/ErrorBody"
     for path, operations in paths.items():
