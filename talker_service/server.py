@@ -71,7 +71,12 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
         self.engine_config = self.engine.config  # the slots the memory budget holds
         self.tokenizer_files = stages_pb2.TokenizerFiles(files=self.model.tokenizer_files)
-        self.info = talker_info(self.model, self.engine_config)
+        check = self.engine.graph_check
+        graphs = self.engine.runner.graphs
+        step_path = f"{graphs.report.mode}-graphs" if graphs is not None else "eager"
+        if check.fallback_reason:
+            step_path = "eager (fallback)"
+        self.info = talker_info(self.model, self.engine_config, step_path, check.fallback_reason)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(

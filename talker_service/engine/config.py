@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from tts_common.flags import NOT_A_FLAG, flag
 from tts_common.memory import MemoryBudget, parse_memory_budget
 from tts_common.precision import LINEAR_CHOICES
+from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.synthesis import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 
 
@@ -28,8 +29,10 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    use_cuda_graphs: bool = field(default=True, metadata=flag(name="--no-cuda-graphs", negate=True))
-    """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
+    cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
+    """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only): auto = capture
+    and self-check before serving, falling back to eager on a failure (ERROR log, metric, reason
+    in the model info); on = a failure stops the talker; off = eager."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (any device): "capture" records each bucket's static step,
     "replay" reruns it eagerly on the same buffers. For tests of the graph bookkeeping on CPU."""

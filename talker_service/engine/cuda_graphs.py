@@ -43,8 +43,10 @@ def graph_mode(config: EngineConfig, device: torch.device) -> CaptureMode | None
     """How the runner steps: real CUDA graphs, their emulation, or None (eager)."""
     if config.emulate_cuda_graphs:
         return "emulated"
-    if device.type == "cuda" and config.use_cuda_graphs:
+    if device.type == "cuda" and config.cuda_graphs != "off":
         return "cuda"
+    if config.cuda_graphs == "on":
+        raise ValueError(f"--cuda-graphs on needs a cuda device, not {device}")
     return None
 
 
@@ -78,7 +80,8 @@ class _Bucket:
         self._rows = torch.arange(batch, device=dev)
         self._talker, self._cache, self._noise_table = talker, cache, noise_table
         self._state = leading_rows(table, batch)
-        self._attention = InPlaceAttention(batch, cache.max_len, dev, kernel)
+        self.attention = InPlaceAttention(batch, cache.max_len, dev, kernel)
+        """The step's attention (its per-row lengths and mask; read by the self-checks)."""
         cp = talker.cfg.code_predictor
         self._cp_shape = (cp.num_code_groups - 1, cp.vocab_size)
 
@@ -95,7 +98,7 @@ class _Bucket:
             talker_noise,
             cp_noise,
             active=self.active,
-            in_place=self._attention,
+            in_place=self.attention,
         )
         return torch.cat(
             [out.frame_codes, out.next_code0[:, None], out.is_eos[:, None].to(out.frame_codes.dtype)], dim=1
@@ -115,7 +118,7 @@ class GraphStep:
         mode: CaptureMode,
     ) -> None:
         self.config = config
-        kernel = attention_kernel(config, cache.k.device)
+        self.kernel = kernel = attention_kernel(config, cache.k.device)
         self.buckets = {
             b: _Bucket(talker, cache, table, noise_table, b, kernel) for b in config.graph_buckets
         }

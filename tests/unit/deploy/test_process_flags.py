@@ -80,11 +80,11 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-slots": 16,
         "--max-seq-len": 2048,
         "--max-waiting": 64,
-        "--no-cuda-graphs": True,
+        "--cuda-graphs": "auto",
         "--kv-memory": MemoryBudget(fraction=0.5),
         "--linear": "auto",
     },
-    "decoder": {**MODEL, "--max-streams": 64},
+    "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto"},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
 }
 PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
@@ -130,7 +130,7 @@ def test_environment_variables(stage: str) -> None:
     # Each variable reaches its flag: the stage-specific one beats the generic one.
     values = {
         "--dtype": "bfloat16",
-        "--no-cuda-graphs": "1",
+        "--cuda-graphs": "off",
         "--log-level": "DEBUG",
         "--voice-alias": "alloy=vivian",
         "--models": "m7: talker=a:7",
