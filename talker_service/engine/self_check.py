@@ -152,24 +152,36 @@ def row_sampling(row: int) -> SamplingParams:
     return SamplingParams(seed=1000 + row, do_sample=False, subtalker_do_sample=True)
 
 
-def run_rows(runner: Any, talker: Talker, batch: int, steps: int) -> list[list[list[int]]]:
-    """Prefill ``batch`` check requests into slots 0..B-1 of ``runner`` and decode ``steps``
-    steps; each row's frames."""
+def prefill_rows(runner: Any, talker: Talker, batch: int, max_frames: int) -> list[EngineRequest]:
+    """Prefill ``batch`` check requests (synthetic prompts, :func:`row_sampling`) into slots
+    0..B-1 of ``runner``."""
     requests = []
     for row in range(batch):
         request = EngineRequest(f"self-check-{row}", None, row_sampling(row), None, lambda e: None)  # type: ignore[arg-type]
         request.prompt = check_prompt(talker, seed=row)
         request.slot = row
-        request.max_frames = steps
+        request.max_frames = max_frames
         runner.prefill(request)
         requests.append(request)
+    return requests
+
+
+def step_rows(runner: Any, requests: list[EngineRequest]) -> list[list[int]]:
+    """One decode step of ``requests``: each row's frame."""
+    out = runner.step(requests)
+    for request in requests:
+        request.frames_emitted += 1
+    return out.frame_codes.tolist()
+
+
+def run_rows(runner: Any, talker: Talker, batch: int, steps: int) -> list[list[list[int]]]:
+    """Prefill ``batch`` check requests into slots 0..B-1 of ``runner`` and decode ``steps``
+    steps; each row's frames."""
+    requests = prefill_rows(runner, talker, batch, steps)
     frames: list[list[list[int]]] = [[] for _ in requests]
     for _ in range(steps):
-        out = runner.step(requests)
-        for row, codes in enumerate(out.frame_codes.tolist()):
+        for row, codes in enumerate(step_rows(runner, requests)):
             frames[row].append(codes)
-        for request in requests:
-            request.frames_emitted += 1
     return frames
 
 
@@ -272,8 +284,10 @@ __all__ = [
     "edge_lengths",
     "expected_blocks",
     "graph_checks",
+    "prefill_rows",
     "row_lengths",
     "run_rows",
+    "step_rows",
     "verify_attention",
     "verify_block_lists",
     "verify_graph_vs_eager",
