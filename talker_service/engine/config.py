@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tts_common.flags import NOT_A_FLAG, flag
+from tts_common.flags import NOT_A_FLAG, flag, positive_int
 from tts_common.memory import MemoryBudget, parse_memory_budget
 from tts_common.precision import LINEAR_CHOICES
 from tts_common.self_check import CUDA_GRAPHS_CHOICES
@@ -29,6 +29,10 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
+    max_prefills_per_step: int = field(default=2, metadata=flag(parse=positive_int))
+    """Requests prefilled between two decode steps while other requests are running (each prefill
+    is a forward of its own: short streamed-text prompts would otherwise let dozens land between
+    two frames of every running stream). An idle engine admits up to the token bound at once."""
     cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only): auto = capture
     and self-check before serving, falling back to eager on a failure (ERROR log, metric, reason
