@@ -23,6 +23,7 @@ exercises bucket choice, bucket switches, padding rows and sampled rows against 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -85,10 +86,14 @@ class _Bucket:
         cp = talker.cfg.code_predictor
         self._cp_shape = (cp.num_code_groups - 1, cp.vocab_size)
 
-    def run(self) -> torch.Tensor:
-        """The captured step: [B, G+2] int64 = frame codes, next code0, EOS flag."""
-        noise = self._noise_table[: self.batch][self._rows, self.noise_rows]  # [B, W]: B rows, no KV
-        talker_noise, cp_noise = split_step_noise(noise, *self._cp_shape)
+    def run(self, sampling: bool = True) -> torch.Tensor:
+        """The captured step: [B, G+2] int64 = frame codes, next code0, EOS flag.
+        ``sampling`` False: the all-greedy variant (no noise, no sampling kernels; the codes of
+        greedy rows are the same bits either way, see ``choose_tokens``)."""
+        talker_noise = cp_noise = None
+        if sampling:
+            noise = self._noise_table[: self.batch][self._rows, self.noise_rows]  # [B, W]: B rows, no KV
+            talker_noise, cp_noise = split_step_noise(noise, *self._cp_shape)
         out = decode_step(
             self._talker,
             self._cache,
@@ -125,20 +130,30 @@ class GraphStep:
         capture = StepCapture(cache.k.device, mode)
         # Largest first: the first capture sizes the shared pool, smaller ones reuse it. Capture
         # runs the step with every row inactive, so no slot's state changes.
+        # Each bucket twice: with sampling, and all-greedy (greedy-only batches skip the
+        # full-vocabulary sorts of the sampling kernels).
         order = sorted(self.buckets, reverse=True)
         self.captured: dict[str, CapturedStep[torch.Tensor]]
         self.captured, self.report = capture.capture_all(
-            [(self._name(b), self.buckets[b].run) for b in order], "talker decode step"
+            [
+                (self._name(b, sampling), functools.partial(self.buckets[b].run, sampling))
+                for b in order
+                for sampling in (True, False)
+            ],
+            "talker decode step",
         )
         self.report: CaptureReport
 
     @staticmethod
-    def _name(batch: int) -> str:
-        return f"talker[B={batch}]"
+    def _name(batch: int, sampling: bool = True) -> str:
+        return f"talker[B={batch}]" if sampling else f"talker[B={batch},greedy]"
 
-    def step(self, slots: list[int], trailing: torch.Tensor, noise_rows: list[int]) -> StepOutput:
+    def step(
+        self, slots: list[int], trailing: torch.Tensor, noise_rows: list[int], sampling: bool = True
+    ) -> StepOutput:
         """One decode step for the requests in ``slots`` (all < the running count, so inside
-        the bucket); outputs in the order of ``slots``."""
+        the bucket); outputs in the order of ``slots``. ``sampling`` False: no row samples at any
+        stage (the greedy variant replays)."""
         bucket = self.buckets[self.config.bucket_for(max(slots) + 1)]
         device = bucket.active.device
         index = torch.tensor(slots, dtype=torch.int64, device=device)
@@ -146,5 +161,7 @@ class GraphStep:
         bucket.active[index] = True
         bucket.trailing[index] = trailing
         bucket.noise_rows[index] = torch.tensor(noise_rows, dtype=torch.int64, device=device)
-        packed = self.captured[self._name(bucket.batch)].replay()[index]  # a copy: safe past the next replay
+        packed = self.captured[self._name(bucket.batch, sampling)].replay()[
+            index
+        ]  # a copy: safe past the next replay
         return StepOutput(frame_codes=packed[:, :-2], next_code0=packed[:, -2], is_eos=packed[:, -1].bool())

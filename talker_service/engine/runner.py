@@ -119,7 +119,8 @@ class TalkerRunner:
         trailing = self._trailing_rows(requests)
         noise_rows = self._noise_rows(requests)
         if self.graphs is not None:
-            return self.graphs.step(slots, trailing, noise_rows)  # type: ignore[arg-type]
+            sampling = any(r.noise is not None and r.noise.samples for r in requests)
+            return self.graphs.step(slots, trailing, noise_rows, sampling)  # type: ignore[arg-type]
         index = torch.tensor(slots, device=self.device, dtype=torch.int64)
         talker_noise = cp_noise = None
         if any(r.sampling.do_sample or r.sampling.subtalker_do_sample for r in requests):

@@ -140,9 +140,10 @@ def check_prompt(talker: Talker, seed: int, prompt_len: int = 9) -> TalkerPrompt
     )
 
 
-def row_sampling(row: int) -> SamplingParams:
-    """Greedy, both stages sampled, talker-only and code-predictor-only rows in turn."""
-    kind = row % 4
+def row_sampling(row: int, greedy_only: bool = False) -> SamplingParams:
+    """Greedy, both stages sampled, talker-only and code-predictor-only rows in turn (all greedy
+    with ``greedy_only``: the greedy variant of the graphs)."""
+    kind = 0 if greedy_only else row % 4
     if kind == 0:
         return SamplingParams.greedy()
     if kind == 1:
@@ -152,12 +153,16 @@ def row_sampling(row: int) -> SamplingParams:
     return SamplingParams(seed=1000 + row, do_sample=False, subtalker_do_sample=True)
 
 
-def prefill_rows(runner: Any, talker: Talker, batch: int, max_frames: int) -> list[EngineRequest]:
+def prefill_rows(
+    runner: Any, talker: Talker, batch: int, max_frames: int, greedy_only: bool = False
+) -> list[EngineRequest]:
     """Prefill ``batch`` check requests (synthetic prompts, :func:`row_sampling`) into slots
     0..B-1 of ``runner``."""
     requests = []
     for row in range(batch):
-        request = EngineRequest(f"self-check-{row}", None, row_sampling(row), None, lambda e: None)  # type: ignore[arg-type]
+        request = EngineRequest(
+            f"self-check-{row}", None, row_sampling(row, greedy_only), None, lambda e: None
+        )  # type: ignore[arg-type]
         request.prompt = check_prompt(talker, seed=row)
         request.slot = row
         request.max_frames = max_frames
@@ -174,10 +179,12 @@ def step_rows(runner: Any, requests: list[EngineRequest]) -> list[list[int]]:
     return out.frame_codes.tolist()
 
 
-def run_rows(runner: Any, talker: Talker, batch: int, steps: int) -> list[list[list[int]]]:
+def run_rows(
+    runner: Any, talker: Talker, batch: int, steps: int, greedy_only: bool = False
+) -> list[list[list[int]]]:
     """Prefill ``batch`` check requests into slots 0..B-1 of ``runner`` and decode ``steps``
     steps; each row's frames."""
-    requests = prefill_rows(runner, talker, batch, steps)
+    requests = prefill_rows(runner, talker, batch, steps, greedy_only)
     frames: list[list[list[int]]] = [[] for _ in requests]
     for _ in range(steps):
         for row, codes in enumerate(step_rows(runner, requests)):
@@ -185,7 +192,9 @@ def run_rows(runner: Any, talker: Talker, batch: int, steps: int) -> list[list[l
     return frames
 
 
-def verify_graph_vs_eager(runner: Any, graphs: GraphStep, talker: Talker, batch: int, steps: int) -> None:
+def verify_graph_vs_eager(
+    runner: Any, graphs: GraphStep, talker: Talker, batch: int, steps: int, greedy_only: bool = False
+) -> None:
     """Graph-path frames of ``batch`` rows (bucket ``bucket_for(batch)``) against a fresh eager
     runner of just those rows (CheckFailedError naming the first differing row and step)."""
     from .runner import TalkerRunner
@@ -199,18 +208,19 @@ def verify_graph_vs_eager(runner: Any, graphs: GraphStep, talker: Talker, batch:
         cuda_graphs="off",
     )
     eager = TalkerRunner(talker, eager_config)
-    want = run_rows(eager, talker, batch, steps)
+    want = run_rows(eager, talker, batch, steps, greedy_only)
     saved, runner.graphs = runner.graphs, graphs
     try:
-        got = run_rows(runner, talker, batch, steps)
+        got = run_rows(runner, talker, batch, steps, greedy_only)
     finally:
         runner.graphs = saved
     for row in range(batch):
         if got[row] != want[row]:
             step = next(i for i, (a, b) in enumerate(zip(got[row], want[row])) if a != b)
-            kind = "greedy" if row % 4 == 0 else "sampled"
+            kind = "greedy" if greedy_only or row % 4 == 0 else "sampled"
+            variant = "greedy-only" if greedy_only else "sampling"
             raise CheckFailedError(
-                f"graph step of bucket {config.bucket_for(batch)} gave other codes than eager for "
+                f"{variant} graph step of bucket {config.bucket_for(batch)} gave other codes than eager for "
                 f"{kind} row {row} at step {step}: {got[row][step]} vs {want[row][step]}"
             )
 
@@ -250,7 +260,8 @@ def graph_checks(
     def graph_vs_eager() -> dict[str, Any]:
         for bucket in checked:
             verify_graph_vs_eager(runner, graphs, talker, bucket, steps)
-        return {"buckets": checked, "steps": steps}
+            verify_graph_vs_eager(runner, graphs, talker, bucket, steps, greedy_only=True)
+        return {"buckets": checked, "steps": steps, "variants": ["sampling", "greedy-only"]}
 
     return [
         ("talker.block_lists", block_lists),
