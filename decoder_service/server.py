@@ -128,9 +128,11 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         self.compute = ComputeThread("decoder-compute")
 
     async def load(self) -> None:
+        t0 = time.monotonic()
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
         self.speech_tokenizer = await asyncio.to_thread(reported_fingerprint, self.model_dir)
+        t1 = time.monotonic()
         self.decoder = await self.compute.run(
             load_codec_decoder,
             self.model_dir,
@@ -139,16 +141,25 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         )
         # Built on the compute thread: on CUDA it captures every bucket now and self-checks them,
         # before SERVING (--cuda-graphs: a failure falls back to eager, or stops the stage).
+        t2 = time.monotonic()
         batcher, outcome = await self.compute.run(
             start_batcher, self.decoder, self.config.cuda_graphs, self.config.emulate_cuda_graphs
         )
         self.fallback_reason = outcome.fallback_reason
+        t3 = time.monotonic()
         if batcher.graphs is not None:
             self.step_path = f"{batcher.graphs.report.mode}-graphs"
         else:
             self.step_path = "eager (fallback)" if outcome.fallback_reason else "eager"
         self.batcher = DecodeBatcher(batcher, self.compute)
         self.batcher.start()
+        logger.info(
+            "decoder startup: fingerprint %.1f s, weights %.1f s, graphs + self-check %.1f s (%s)",
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            self.step_path,
+        )
 
     async def close(self) -> None:
         if self.batcher is not None:

@@ -62,9 +62,15 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
         config = self.engine_config
 
+        phases: dict[str, float] = {}
+
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
+            t0 = time.monotonic()
             model = TalkerModel.from_checkpoint(self.model_dir, config.device, getattr(torch, config.dtype))
-            return model, TalkerEngine(model, config)  # plans and allocates the KV cache
+            phases["weights"] = time.monotonic() - t0
+            engine = TalkerEngine(model, config)  # plans and allocates the KV cache, captures graphs
+            phases.update(engine.startup_seconds)
+            return model, engine
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
@@ -91,6 +97,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         graphs = self.engine.runner.graphs
         if graphs is not None:  # the capture itself logged the buckets; count it with the KV
             logger.info("talker decode graphs: %s", graphs.report.summary())
+        logger.info("talker startup: %s", ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
 
     def _observe_step(self, batch: int, seconds: float) -> None:
         """Engine-thread callback after each decode step (Prometheus)."""

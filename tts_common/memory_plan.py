@@ -50,9 +50,15 @@ class MemoryPlan:
             lines.append(f"  {share.stage}: {format_bytes(share.bytes)} ({parts})")
         lines.append(
             f"  talker KV: {format_bytes(self.kv_budget)} -> {self.slots} slots of "
-            f"{format_bytes(self.kv_bytes_per_slot)} (--kv-memory {self.kv_budget // 2**20}MiB)"
+            f"{format_bytes(self.kv_bytes_per_slot)} (talker: --kv-memory {self.kv_budget // 2**20}MiB "
+            f"--other-stages-memory {self.other_stages // 2**20}MiB)"
         )
         return lines
+
+    @property
+    def other_stages(self) -> int:
+        """The shares of the stages beside the talker (its ``--other-stages-memory``)."""
+        return sum(s.bytes for s in self.shares if not s.stage.startswith("talker"))
 
     def to_dict(self) -> dict[str, object]:
         return {

@@ -135,10 +135,14 @@ class TalkerEngine:
 
     def __init__(self, model: TalkerModel, config: EngineConfig) -> None:
         self.model = model
+        t0 = time.monotonic()
         self.config = config = _set_up(model, config)
         self.runner = TalkerRunner(model.talker, config, capture=False)
+        t1 = time.monotonic()
         self.graph_check = start_graph_path(self.runner, config)
         """The graph path's startup self-check (``graph_check.fallback_reason``: why eager)."""
+        self.startup_seconds = {"engine set-up": t1 - t0, "graphs + self-check": time.monotonic() - t1}
+        """Seconds of each start-up phase (the server logs them)."""
         self.scheduler = Scheduler(config, on_move=self.runner.move_slot)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)

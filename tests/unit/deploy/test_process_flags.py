@@ -83,6 +83,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-prefills-per-step": 2,
         "--cuda-graphs": "auto",
         "--kv-memory": MemoryBudget(fraction=0.5),
+        "--other-stages-memory": 0,
         "--linear": "auto",
     },
     "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto"},
@@ -139,6 +140,7 @@ def test_environment_variables(stage: str) -> None:
         "--no-silence-stop": "1",
         "--silence-threshold-dbfs": "-30",
         "--kv-memory": "7GiB",
+        "--other-stages-memory": "3GiB",
         "--linear": "torch",
     }
     for option, action in _options(flags.parser({})).items():
