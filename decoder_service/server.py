@@ -153,6 +153,12 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             self.step_path = "eager (fallback)" if outcome.fallback_reason else "eager"
         self.batcher = DecodeBatcher(batcher, self.compute)
         self.batcher.start()
+        if batcher.graphs is not None:
+            logger.info(
+                "decoder graphs: %s, plus %.0f MiB of static inputs (state shared per batch size)",
+                batcher.graphs.report.summary(),
+                batcher.graphs.static_bytes / 2**20,
+            )
         logger.info(
             "decoder startup: fingerprint %.1f s, weights %.1f s, graphs + self-check %.1f s (%s)",
             t1 - t0,

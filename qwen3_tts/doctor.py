@@ -348,6 +348,7 @@ def check_decoder(
     }
     report.memory["decoder_weights_bytes"] = _module_bytes(decoder)
     report.memory["decoder_graph_pool_bytes"] = graphs.report.pool_bytes if graphs is not None else 0
+    report.memory["decoder_static_bytes"] = graphs.static_bytes if graphs is not None else 0
     report.memory["decoder_capture_peak_bytes"] = graphs.report.peak_bytes if graphs is not None else 0
     loaded.clear()
 
@@ -407,6 +408,7 @@ def memory_plan(report: DoctorReport) -> MemoryPlan | None:
         decoder = {
             "weights": mem["decoder_weights_bytes"],
             "graphs": max(mem["decoder_graph_pool_bytes"], mem["decoder_capture_peak_bytes"]),
+            "static inputs": mem["decoder_static_bytes"],
             "context": context,
         }
         shares.append(StageShare("decoder", sum(decoder.values()), decoder))
