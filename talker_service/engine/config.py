@@ -29,7 +29,7 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    max_prefills_per_step: int = field(default=2, metadata=flag(parse=positive_int))
+    max_prefills_per_step: int = field(default=1, metadata=flag(parse=positive_int))
     """Requests prefilled between two decode steps while other requests are running (each prefill
     is a forward of its own: short streamed-text prompts would otherwise let dozens land between
     two frames of every running stream). An idle engine admits up to the token bound at once."""
