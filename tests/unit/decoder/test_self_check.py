@@ -67,3 +67,25 @@ def test_off_and_cpu_are_eager_without_checks(small: CodecDecoder) -> None:
     assert batcher.graphs is None and not outcome.report.checks and not outcome.fallback_reason
     with pytest.raises(ValueError, match="needs a cuda device"):
         start_batcher(small, "on", **BUCKETS)
+
+
+def test_the_decoder_model_info_says_how_it_steps(tmp_path: object) -> None:
+    import asyncio
+
+    from decoder_service.config import DecoderConfig
+    from decoder_service.server import DecoderServicer
+    from tests.helpers.fixtures import CKPT_DIR
+
+    servicer = DecoderServicer(
+        str(CKPT_DIR / "tiny_custom_voice_1b7"), DecoderConfig(emulate_cuda_graphs=True)
+    )
+
+    async def load_and_ask() -> object:
+        await servicer.load()
+        try:
+            return await servicer.GetModelInfo(None, None)  # type: ignore[arg-type]
+        finally:
+            await servicer.close()
+
+    info = asyncio.run(load_and_ask())
+    assert info.step_path == "emulated-graphs" and info.fallback_reason == ""  # type: ignore[attr-defined]

@@ -4,6 +4,7 @@ detected, and the engine then falls back to eager and still gives the official g
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import numpy as np
@@ -140,3 +141,18 @@ def test_cuda_graphs_on_fails_instead_of_falling_back(
 def test_cuda_graphs_on_needs_a_gpu(model: TalkerModel) -> None:
     with pytest.raises(ValueError, match="needs a cuda device"):
         TalkerEngine(model, EngineConfig(max_slots=2, max_seq_len=128, cuda_graphs="on"))
+
+
+def test_the_model_info_names_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    from talker_service.server import TalkerServicer
+
+    _wrong_partial_index(monkeypatch)
+    servicer = TalkerServicer(str(FIXTURES / "ckpt" / NAME), _config())
+    asyncio.run(servicer.load())
+    try:
+        assert servicer.info is not None
+        assert servicer.info.step_path == "eager (fallback)"
+        assert "talker.block_lists" in servicer.info.fallback_reason
+        assert metrics.GRAPH_PATH.labels(stage="talker")._value.get() == 0
+    finally:
+        asyncio.run(servicer.close())
