@@ -398,7 +398,7 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
         help="check this host before serving: environment, graph buckets vs eager, step times, memory plan",
     )
     p.add_argument("--model", type=Path, help="checkpoint directory (default: a dev checkpoint, see --size)")
-    p.add_argument("--device", default="cuda" if _cuda_available() else "cpu", help="cuda, cuda:N or cpu")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument(
         "--dtype",
         choices=["float32", "bfloat16", "float16"],
@@ -434,18 +434,14 @@ def _int_list(text: str) -> tuple[int, ...]:
     return values
 
 
-def _cuda_available() -> bool:
+def cmd_doctor(args: argparse.Namespace) -> int:
     import torch
 
-    return torch.cuda.is_available()
-
-
-def cmd_doctor(args: argparse.Namespace) -> int:
     from .doctor import DoctorOptions, render, run_doctor, write_json
 
     options = DoctorOptions(
         model=args.model,
-        device=args.device,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
         dtype=args.dtype,
         size=args.size,
         max_slots=args.max_slots,
