@@ -123,6 +123,9 @@ class GraphStep:
         mode: CaptureMode,
     ) -> None:
         self.config = config
+        self.replay = True
+        """False: :meth:`step` runs each bucket's step eagerly instead of replaying its graph (on
+        CUDA the self-check's reference: same kernels and buffers, no capture)."""
         self.kernel = kernel = attention_kernel(config, cache.k.device)
         self.buckets = {
             b: _Bucket(talker, cache, table, noise_table, b, kernel) for b in config.graph_buckets
@@ -161,7 +164,9 @@ class GraphStep:
         bucket.active[index] = True
         bucket.trailing[index] = trailing
         bucket.noise_rows[index] = torch.tensor(noise_rows, dtype=torch.int64, device=device)
-        packed = self.captured[self._name(bucket.batch, sampling)].replay()[
-            index
-        ]  # a copy: safe past the next replay
+        if self.replay:
+            out = self.captured[self._name(bucket.batch, sampling)].replay()
+        else:  # the same step, run eagerly on the same buffers (the self-check's reference)
+            out = bucket.run(sampling)
+        packed = out[index]  # a copy: safe past the next replay
         return StepOutput(frame_codes=packed[:, :-2], next_code0=packed[:, -2], is_eos=packed[:, -1].bool())

@@ -12,7 +12,8 @@ Three checks (``tts_common.self_check`` runs them and applies ``--cuda-graphs``)
   fp32 softmax reference at the checkpoint's head dims, per bucket, same lengths.
 * ``talker.graph_vs_eager``: the captured steps against the eager path over the same requests:
   greedy rows' codes identical, and sampled rows' codes identical given the same noise (each row's
-  seeded stream), for the buckets checked.
+  seeded stream), for the buckets checked, the greedy-only variant too (see
+  :func:`verify_graph_vs_eager` for the reference on CPU and on CUDA).
 
 ``short=True`` (startup) checks the smallest and largest bucket; ``qwen3-tts doctor`` checks all.
 """
@@ -195,22 +196,35 @@ def run_rows(
 def verify_graph_vs_eager(
     runner: Any, graphs: GraphStep, talker: Talker, batch: int, steps: int, greedy_only: bool = False
 ) -> None:
-    """Graph-path frames of ``batch`` rows (bucket ``bucket_for(batch)``) against a fresh eager
-    runner of just those rows (CheckFailedError naming the first differing row and step)."""
+    """Graph-path frames of ``batch`` rows (bucket ``bucket_for(batch)``) against the eager
+    path (CheckFailedError naming the first differing row and step).
+
+    The eager reference: emulated graphs (CPU) are compared with a fresh eager runner of just
+    those rows (the whole graph bookkeeping against the reference numerics, bit for bit). Real
+    CUDA graphs are compared with the same steps run eagerly on the same buffers (no capture):
+    the same kernels, so the same bits, where the eager runner's other attention kernel would flip
+    bf16 near-ties; FlexAttention itself is checked by ``talker.attention`` and
+    ``talker.block_lists``."""
     from .runner import TalkerRunner
 
     config = graphs.config
-    eager_config = dataclasses.replace(
-        config,
-        max_slots=batch,
-        max_seq_len=check_prompt(talker, 0).prefill_len + steps + 2,
-        emulate_cuda_graphs=False,
-        cuda_graphs="off",
-    )
-    eager = TalkerRunner(talker, eager_config)
-    want = run_rows(eager, talker, batch, steps, greedy_only)
     saved, runner.graphs = runner.graphs, graphs
     try:
+        if graphs.report.mode == "cuda":
+            graphs.replay = False
+            try:
+                want = run_rows(runner, talker, batch, steps, greedy_only)
+            finally:
+                graphs.replay = True
+        else:
+            eager_config = dataclasses.replace(
+                config,
+                max_slots=batch,
+                max_seq_len=check_prompt(talker, 0).prefill_len + steps + 2,
+                emulate_cuda_graphs=False,
+                cuda_graphs="off",
+            )
+            want = run_rows(TalkerRunner(talker, eager_config), talker, batch, steps, greedy_only)
         got = run_rows(runner, talker, batch, steps, greedy_only)
     finally:
         runner.graphs = saved

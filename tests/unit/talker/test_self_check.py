@@ -156,3 +156,23 @@ def test_the_model_info_names_the_fallback(monkeypatch: pytest.MonkeyPatch) -> N
         assert metrics.GRAPH_PATH.labels(stage="talker")._value.get() == 0
     finally:
         asyncio.run(servicer.close())
+
+
+def test_the_cuda_reference_runs_the_same_steps_eagerly(model: TalkerModel) -> None:
+    """What the check compares real CUDA graphs with (the bucket's step run on its buffers
+    without replaying), exercised on the emulation: it must give the replayed codes."""
+    from talker_service.engine.runner import TalkerRunner
+    from talker_service.engine.self_check import run_rows, verify_graph_vs_eager
+
+    runner = TalkerRunner(model.talker, _config())
+    graphs = runner.graphs
+    assert graphs is not None
+    replayed = run_rows(runner, model.talker, 3, 3)
+    graphs.replay = False
+    try:
+        assert run_rows(runner, model.talker, 3, 3) == replayed
+    finally:
+        graphs.replay = True
+    graphs.report.mode = "cuda"  # the CUDA branch of the check, on the emulated graphs
+    verify_graph_vs_eager(runner, graphs, model.talker, 3, 3)
+    assert graphs.replay
