@@ -207,34 +207,32 @@ def _multipart(disposition: bytes, value: bytes = b"x") -> tuple[str, bytes]:
 URLENCODED = "application/x-www-form-urlencoded"
 
 
-@pytest.mark.parametrize(
-    ("content_type", "body", "named"),
-    [
-        (URLENCODED, b"name=%FF%FE&instructions=Calm.", "'name'"),  # percent-encoded bytes
-        (URLENCODED, b"name=Bo&instructions=Calm+%C3", "'instructions'"),  # a cut sequence
-        (URLENCODED, b"%FF=1&instructions=Calm.", "name"),  # the field's name
-        (URLENCODED, b"name=\xc3\xa9&instructions=Calm.", "'name'"),  # raw (not percent-encoded)
-        (*_multipart(b'name="\xff\xfe"'), "name"),  # a part's name
-        (*_multipart(b'name="audio_sample"; filename="\xff.wav"', b"RIFF"), "'audio_sample'"),  # its filename
-    ],
-)
-def test_form_bytes_that_are_not_utf8_are_400_naming_the_field(
-    content_type: str, body: bytes, named: str
-) -> None:
+FORMS_NOT_UTF8 = [
+    (URLENCODED, b"name=%FF%FE&instructions=Calm.", "'name'"),  # percent-encoded bytes
+    (URLENCODED, b"name=Bo&instructions=Calm+%C3", "'instructions'"),  # a cut sequence
+    (URLENCODED, b"%FF=1&instructions=Calm.", "name"),  # the field's name
+    (URLENCODED, b"name=\xc3\xa9&instructions=Calm.", "'name'"),  # raw (not percent-encoded)
+    (*_multipart(b'name="\xff\xfe"'), "name"),  # a part's name
+    (*_multipart(b'name="audio_sample"; filename="\xff.wav"', b"RIFF"), "'audio_sample'"),  # its filename
+]
+
+
+def test_form_bytes_that_are_not_utf8_are_400_naming_the_field() -> None:
     """Urlencoded fields and multipart part names and filenames, like multipart text fields:
-    never U+FFFD, Latin-1 or mojibake, and no voice made of them."""
+    never U+FFFD, Latin-1 or mojibake, and no voice made of them. (Every cut of the body into
+    chunks: test_http_forms.)"""
 
     async def main() -> None:
         async with Harness("base", http=True) as h, httpx2.AsyncClient(base_url=h.http_url) as client:
-            response = await client.post(
-                "/v1/audio/voices", content=body, headers={"content-type": content_type}
-            )
-            assert response.status_code == 400, response.text
-            message = response.json()["error"]["message"]
-            assert named in message and ("not valid UTF-8" in message or "percent-encoded" in message), (
-                message
-            )
-            assert_clean(message)
+            for content_type, body, named in FORMS_NOT_UTF8:
+                response = await client.post(
+                    "/v1/audio/voices", content=body, headers={"content-type": content_type}
+                )
+                assert response.status_code == 400, (body, response.text)
+                message = response.json()["error"]["message"]
+                assert named in message, (body, message)
+                assert "not valid UTF-8" in message or "percent-encoded" in message, (body, message)
+                assert_clean(message)
             listing = await client.get("/v1/audio/voices")
             assert not [v for v in listing.json()["data"] if v["type"] not in ("preset", "alias")]
 
