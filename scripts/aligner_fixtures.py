@@ -39,7 +39,7 @@ from safetensors.torch import save_file
 
 REPO = Path(__file__).resolve().parents[1]
 OUT = REPO / "tests" / "fixtures" / "aligner"
-SEED = 20260126
+SEED = 20260127
 K = 40.0
 CLASSIFY_NUM = 256
 
@@ -190,6 +190,7 @@ def main() -> None:
         meta["cases"][name]["classes_official_batch"] = row.argmax(-1).tolist()
         meta["cases"][name]["official_batch_max_logit_diff"] = float((row - single).abs().max())
     (OUT / "cases.json").write_text(json.dumps(meta, indent=1, ensure_ascii=False))
+    (OUT / "README.md").write_text("# Aligner fixture (generated)\n\n" + (__doc__ or ""), encoding="utf-8")
     total = sum(p.stat().st_size for p in OUT.rglob("*") if p.is_file())
     print(f"wrote {OUT} ({total / 1e6:.2f} MB)")
 
