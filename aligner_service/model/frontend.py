@@ -16,7 +16,12 @@ never changes what an utterance is aligned with.
 Prompt (§12 step 3): ``<|audio_start|>`` + ``<|audio_pad|>`` x audio_token_count + ``<|audio_end|>``
 then, per word, its tokens and two ``<timestamp>``. The official code tokenizes that whole string;
 its added tokens cut it into segments that are normalised and split separately, so tokenizing
-each word alone gives the same ids.
+each word alone gives the same ids. The split regex is Qwen2's (``tts_common.text.tokenizer``, as
+everywhere in this project); the official loader swaps in the "Mistral regex" for a local copy of
+a release whose ``config.json`` has no ``transformers_version`` <= 4.57.2 (ARCHITECTURE.md §1, §12),
+which for the cleaned words (letters, digits and ``'`` only) changes the ids of words with a
+capital after a lower-case letter (``iPhone``) or letters after a contraction (``don'tcha``),
+never those of other Latin, CJK, kana or Hangul words.
 """
 
 from __future__ import annotations
@@ -165,8 +170,12 @@ class AlignerFrontend:
         ts = self.config.timestamp_token_id
         ids: list[int] = []
         for i, word in enumerate(words):
-            if not isinstance(word, str) or not word.strip():
+            if not isinstance(word, str) or not word:
                 raise AlignInputError(f"word {i} is empty")
+            if any(ch.isspace() for ch in word):
+                # the official word lists never hold whitespace (they are split on it), and a
+                # space would change the word's tokens
+                raise AlignInputError(f"word {i} contains whitespace")
             for token in self._reserved:
                 if token in word:
                     raise AlignInputError(f"word {i} contains the reserved token text {token!r}")

@@ -40,7 +40,8 @@ def noise(n: int, scale: float = 0.3) -> np.ndarray:
     [
         (AlignInput(noise(16000), 7000, ["a"]), "sample rate"),
         (AlignInput(noise(16000), 16000, []), "at least one word"),
-        (AlignInput(noise(16000), 16000, ["a", " "]), "word 1 is empty"),
+        (AlignInput(noise(16000), 16000, ["a", ""]), "word 1 is empty"),
+        (AlignInput(noise(16000), 16000, ["a", "b c"]), "word 1 contains whitespace"),
         (AlignInput(noise(16000), 16000, ["a<timestamp>"]), "reserved token"),
         (AlignInput(noise(16000), 16000, ["<|audio_pad|>"]), "reserved token"),
         (AlignInput(np.full(16000, np.nan, dtype=np.float32), 16000, ["a"]), "NaN"),
