@@ -45,7 +45,9 @@ MIN_SAMPLES = 400
 """Shortest audio at 16 kHz: one STFT window (the feature extractor's reflect padding needs more
 than half a window, and the model at least one 10 ms frame)."""
 MAX_AUDIO_SECONDS = 180.0
-"""Longest audio the official package aligns in one pass (``MAX_FORCE_ALIGN_INPUT_SECONDS``)."""
+"""Longest audio the official package aligns in one pass (``MAX_FORCE_ALIGN_INPUT_SECONDS``);
+a checkpoint with fewer timestamp classes than that needs allows less (see
+:attr:`AlignerFrontend.max_audio_seconds`)."""
 AUDIO_START = "<|audio_start|>"
 AUDIO_END = "<|audio_end|>"
 TIMESTAMP = "<timestamp>"
@@ -78,8 +80,11 @@ class AlignPrompt:
     num_words: int
 
 
-def prepare_waveform(audio: np.ndarray, sample_rate: int) -> np.ndarray:
-    """Mono float32 16 kHz samples in [-1, 1] as the official package prepares them."""
+def prepare_waveform(
+    audio: np.ndarray, sample_rate: int, max_seconds: float = MAX_AUDIO_SECONDS
+) -> np.ndarray:
+    """Mono float32 16 kHz samples in [-1, 1] as the official package prepares them; raises
+    :class:`AlignInputError` for audio that cannot be aligned (over ``max_seconds`` among others)."""
     try:
         rate = check_sample_rate(sample_rate)
     except ValueError as exc:
@@ -95,10 +100,8 @@ def prepare_waveform(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     if not np.isfinite(x).all():
         raise AlignInputError("audio contains NaN or infinite samples")
     seconds = x.shape[0] / rate
-    if seconds > MAX_AUDIO_SECONDS:
-        raise AlignInputError(
-            f"audio is {seconds:.1f} s long; at most {MAX_AUDIO_SECONDS:g} s can be aligned"
-        )
+    if seconds > max_seconds:
+        raise AlignInputError(f"audio is {seconds:.1f} s long; at most {max_seconds:g} s can be aligned")
     if rate != SAMPLE_RATE:
         x = resample(x, rate, SAMPLE_RATE)
     if x.shape[0] < MIN_SAMPLES:
@@ -130,6 +133,11 @@ class AlignerFrontend:
                 f"{TIMESTAMP} ({timestamp_id})"
             )
         self._reserved = tuple(tokenizer.added_tokens)
+        self.max_audio_seconds = min(
+            MAX_AUDIO_SECONDS, config.classify_num * config.timestamp_segment_time / 1000.0
+        )
+        """Longest audio an input may have: the official limit, or less where the classes cannot
+        reach further (the release's 5000 x 80 ms reach 400 s)."""
 
     @classmethod
     def from_checkpoint(cls, path: str | Path, config: AlignerConfig) -> AlignerFrontend:
@@ -192,7 +200,7 @@ class AlignerFrontend:
         """Validate one input and compute its features and prompt ids."""
         if not isinstance(item.words, (list, tuple)) or not item.words:
             raise AlignInputError("an alignment needs at least one word")
-        features = self.features(prepare_waveform(item.audio, item.sample_rate))
+        features = self.features(prepare_waveform(item.audio, item.sample_rate, self.max_audio_seconds))
         ids = self.prompt_ids(features.shape[1], item.words)
         return AlignPrompt(features=features, input_ids=ids, num_words=len(item.words))
 

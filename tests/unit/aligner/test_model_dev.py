@@ -43,6 +43,7 @@ def test_dev_aligner_layout(dev_path: Path) -> None:
 def test_dev_aligner_loads_and_predicts(dev_path: Path, dtype: torch.dtype) -> None:
     aligner = load_aligner(dev_path, dtype=dtype)
     assert aligner.num_classes == DEV_CLASSIFY_NUM and aligner.dtype == dtype
+    assert aligner.max_audio_seconds == 180.0  # the official limit (5000 classes reach 400 s)
     rng = np.random.default_rng(3)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
     audio = (rng.standard_normal(24000 * 3) * 0.2).astype(np.float32)  # 3 s at 24 kHz
