@@ -201,6 +201,11 @@ class GatewayConfig:
     disables voice cloning from new reference audio (inline ``clone`` and RegisterVoice fail with
     FAILED_PRECONDITION; stored voices still work)."""
 
+    aligner_targets: tuple[str, ...] = ()
+    """Aligner stage addresses (same syntax as the decoder's): one pool for every served model,
+    which times the words of the audio of requests asking for ``timestamps``; empty: a request
+    asking for them fails with FAILED_PRECONDITION."""
+
     models: tuple[ModelRoute, ...] = field(default=(), metadata=flag(parse=parse_model_routes))
     """Several models behind this gateway, each by name with its own talker replicas and (Base
     models) speaker stage: ``NAME: talker=TARGETS [speaker=TARGETS]; NAME2: ...`` (e.g.
@@ -316,6 +321,17 @@ class GatewayConfig:
     http_max_body_bytes: int = field(default=1024 * 1024, metadata=_POSITIVE_INT)
     """Largest HTTP request body (JSON requests) in bytes, else 413; a voice upload
     (``POST /v1/audio/voices``) may be ``max_ref_audio_bytes`` larger."""
+
+    http_max_header_bytes: int = field(default=16 * 1024, metadata=_POSITIVE_INT)
+    """Largest request head (request line and headers) of an HTTP request, in bytes, else 431
+    (common proxies' default)."""
+
+    http_max_headers: int = field(default=100, metadata=_POSITIVE_INT)
+    """Most header fields in an HTTP request, else 431 (common proxies' default)."""
+
+    websocket_config_timeout_seconds: float = field(default=10.0, metadata=_POSITIVE_FLOAT)
+    """How long a WebSocket connection may stay open without sending its ``config`` message (and
+    so without authenticating, where it brings its key there): then it is closed with 1008."""
 
     voice_alias: tuple[tuple[str, str], ...] = field(default=(), metadata=flag(parse=parse_voice_aliases))
     """HTTP ``voice`` aliases for clients that only offer OpenAI's voice names: ``ALIAS=VOICE``

@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
+from ..text import text_problem
 from .formats import FormatName, StreamFormat
 
 TextFeedingName = Literal["default", "non_streaming", "streaming"]
@@ -28,14 +30,36 @@ TEXT_FEEDINGS: dict[str, int] = {
 }
 
 
-class VoiceRef(BaseModel):
+TimestampsName = Literal["none", "word", "character"]
+TIMESTAMP_UNITS: dict[str, int] = {
+    "none": tts_pb2.TIMESTAMP_UNIT_UNSPECIFIED,
+    "word": tts_pb2.TIMESTAMP_UNIT_WORD,
+    "character": tts_pb2.TIMESTAMP_UNIT_CHARACTER,
+}
+
+
+class ApiBody(BaseModel):
+    """Base of every JSON body and message of the HTTP API: each field's text is checked
+    (:func:`~gateway.transports.text.text_problem`: a lone surrogate is 400 naming the field,
+    before any of it reaches a protobuf message or the voice database)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        problem = text_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("invalid_text", problem)
+        return value
+
+
+class VoiceRef(ApiBody):
     """OpenAI's custom-voice form of ``voice``: ``{"id": "voice-..."}``."""
 
     model_config = ConfigDict(extra="forbid")
     id: str
 
 
-class _SpeechRequestBase(BaseModel):
+class _SpeechRequestBase(ApiBody):
     """OpenAI's body and the fields mirroring ``SynthesizeRequest`` (sampling fields are added
     by :data:`SpeechRequest`)."""
 
@@ -62,6 +86,12 @@ class _SpeechRequestBase(BaseModel):
     sample_rate: int = Field(0, ge=0, le=2**31 - 1, description="Output rate; 0 = the format's default.")
     first_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
     max_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
+    timestamps: TimestampsName = Field(
+        "none",
+        description="Word (or character) timings of the audio (SynthesizeRequest.timestamps): "
+        "`speech.audio.timestamps` events (SSE, WebSocket), or in the body with stream_format `json`. "
+        "Needs the gateway's aligner stage (else 400, FAILED_PRECONDITION).",
+    )
 
 
 _INT_RANGES = {
@@ -101,4 +131,13 @@ SpeechRequest: type[_SpeechRequestBase] = create_model(  # type: ignore[call-ove
 """The body of ``POST /v1/audio/speech`` (unknown fields are rejected, naming them)."""
 
 
-__all__ = ["SAMPLING_FIELDS", "TEXT_FEEDINGS", "SpeechRequest", "TextFeedingName", "VoiceRef"]
+__all__ = [
+    "SAMPLING_FIELDS",
+    "TEXT_FEEDINGS",
+    "TIMESTAMP_UNITS",
+    "ApiBody",
+    "SpeechRequest",
+    "TextFeedingName",
+    "TimestampsName",
+    "VoiceRef",
+]

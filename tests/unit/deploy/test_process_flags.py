@@ -1,4 +1,4 @@
-"""The command lines of the four processes, pinned: deploy/ (compose, k8s, the image entrypoint)
+"""The command lines of the five processes, pinned: deploy/ (compose, k8s, the image entrypoint)
 and operators' environments use these flag names, environment variables and defaults, so a
 change to a config dataclass must not rename, drop or re-default any of them by accident."""
 
@@ -31,6 +31,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--talker-targets": (),
         "--decoder-targets": (),
         "--speaker-targets": (),
+        "--aligner-targets": (),
         "--models": (),
         "--default-model": "",
         "--model-alias": (),
@@ -60,6 +61,9 @@ OWN: dict[str, dict[str, Any]] = {
         "--http-port": 8000,
         "--http-host": None,
         "--http-max-body-bytes": 1024 * 1024,
+        "--http-max-header-bytes": 16 * 1024,
+        "--http-max-headers": 100,
+        "--websocket-config-timeout-seconds": 10.0,
         "--voice-alias": (),
         "--health-check-interval-seconds": 1.0,
         "--health-check-timeout-seconds": 2.0,
@@ -86,8 +90,9 @@ OWN: dict[str, dict[str, Any]] = {
     },
     "decoder": {**MODEL, "--max-streams": 64},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
+    "aligner": {**MODEL, "--max-batch-size": 8, "--batch-wait-ms": 5.0, "--max-audio-seconds": 0.0},
 }
-PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
+PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054, "aligner": 50055}
 STAGE_ONLY_ENV = {"--port", "--metrics-port", "--http-port", "--voices-owner-secret"}
 """One QWEN3TTS_PORT shared by four processes on a host would make them collide; the voice owner
 secret is the gateway's alone."""
