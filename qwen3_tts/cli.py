@@ -2,7 +2,7 @@
 
 synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
 make-dev-model  write a small random checkpoint in the official layout
-up              run the four stage processes locally (dev checkpoint when no --model)
+up              run the stage processes locally (dev checkpoints when no --model / --aligner-model)
 say             call Synthesize (or, --stream-text, StreamingSynthesize with stdin) on a running gateway; write a WAV
 health          exit 0 iff servers report SERVING: gRPC health, or HTTP /health (container probes)
 """
@@ -172,7 +172,7 @@ def cmd_make_dev_model(args: argparse.Namespace) -> int:
 
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
+    p = sub.add_parser("up", help="run gateway, talker, decoder, speaker and aligner locally")
     p.add_argument(
         "--model",
         action="append",
@@ -185,7 +185,7 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         "--dev-model-dir",
         type=Path,
         default=Path(".dev-model"),
-        help="where dev checkpoints live (one sub-folder per type)",
+        help="where dev checkpoints live (one sub-folder per type, and the dev aligner's)",
     )
     p.add_argument(
         "--dev-model-type",
@@ -200,10 +200,32 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--http-port", type=int, default=8000, help="gateway HTTP API and playground port (0: off)"
     )
-    p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=50052,
+        help="first stage port: talker, decoder, speaker, then the extra replicas, the aligner last "
+        "(one model, one replica: 50052..50055)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument(
-        "--metrics", action="store_true", help="expose /metrics on 9091..9094 (9095.. for replicas)"
+        "--metrics",
+        action="store_true",
+        help="expose /metrics on 9091 (gateway) and 9092.. (the stages, in port order: 9092..9095 for "
+        "one model and one replica)",
+    )
+    aligner = p.add_mutually_exclusive_group()
+    aligner.add_argument(
+        "--aligner-model",
+        type=Path,
+        metavar="DIR",
+        help="Qwen3-ForcedAligner checkpoint directory for word timestamps (default: the dev aligner "
+        "checkpoint, random weights, in --dev-model-dir)",
+    )
+    aligner.add_argument(
+        "--no-aligner",
+        action="store_true",
+        help="run no aligner stage (requests asking for timestamps get FAILED_PRECONDITION)",
     )
     p.add_argument(
         "--voices-db",

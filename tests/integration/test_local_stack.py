@@ -55,7 +55,7 @@ def _up_command(base: int, port: int, http_port: int, replicas: int = 1) -> list
     return [
         sys.executable, "-m", "qwen3_tts.cli", "up", "--model", str(MODEL), "--port", str(port),
         "--base-port", str(base), "--http-port", str(http_port), "--replicas", str(replicas),
-        "--voices-db", VOICES_DB,
+        "--voices-db", VOICES_DB, "--no-aligner",
     ]  # fmt: skip
 
 
