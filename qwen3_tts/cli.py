@@ -274,11 +274,28 @@ def _add_say(sub: argparse._SubParsersAction) -> None:
         "(e.g. `llm ... | qwen3-tts say --stream-text`): speech starts after the first words",
     )
     p.add_argument("-o", "--out", type=Path, default=Path("out.wav"))
+    p.add_argument(
+        "--captions",
+        type=captions_path,
+        metavar="FILE.srt|FILE.vtt",
+        help="ask for word timestamps and write them as captions (SubRip or WebVTT, from the extension)",
+    )
     p.add_argument("--gateway", default="127.0.0.1:50051")
     add_request_flags(p)
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=cmd_say)
+
+
+def captions_path(text: str) -> Path:
+    """``--captions``: a path ending in .srt or .vtt."""
+    from .captions import caption_format
+
+    try:
+        caption_format(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return Path(text)
 
 
 def cmd_say(args: argparse.Namespace) -> int:
