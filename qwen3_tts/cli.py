@@ -71,6 +71,21 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="output WAV (with --text / --text-file)")
     p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text / --text-file)")
     p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
+    p.add_argument(
+        "--timestamps",
+        type=Path,
+        metavar="FILE.json",
+        help="also write when each word is heard (with --text / --text-file): the aligner runs in this "
+        "process on every segment's audio",
+    )
+    p.add_argument("--timestamp-unit", default="word", choices=["word", "character"])
+    p.add_argument(
+        "--aligner-model",
+        type=Path,
+        metavar="DIR",
+        help="Qwen3-ForcedAligner checkpoint for --timestamps (default: the dev aligner checkpoint, random "
+        "weights, created in .dev-model/ on first use, as `qwen3-tts up` does)",
+    )
     p.set_defaults(func=cmd_synthesize)
 
 
@@ -87,6 +102,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if args.requests is not None:
         if args.out_dir is None:
             raise ValueError("--requests needs --out-dir")
+        if args.timestamps is not None:
+            raise ValueError("--timestamps needs --text or --text-file")
         requests = read_requests(args.requests)
     else:
         if args.out is None:
@@ -140,7 +157,32 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         if args.codes_out is not None:
             np.save(args.codes_out, res.codes)
         print(f"{args.out}: {_described(res, synth.sample_rate)}")
+        if args.timestamps is not None:
+            _write_timestamps(args, requests[0], res, synth.sample_rate)
     return 0
+
+
+def _write_timestamps(
+    args: argparse.Namespace, request: Any, result: OfflineResult, sample_rate: int
+) -> None:
+    """``--timestamps``: align every segment of ``result`` in this process, write the JSON."""
+    import torch
+
+    from tts_common.precision import resolve_dtype
+
+    from .offline_timestamps import OfflineAligner, align_result, timestamps_document, write_timestamps
+
+    aligner_dir = args.aligner_model
+    if aligner_dir is None:
+        from .dev_aligner import make_dev_aligner
+        from .local_stack import DEV_ALIGNER_SUBDIR
+
+        aligner_dir = make_dev_aligner(Path(".dev-model") / DEV_ALIGNER_SUBDIR, if_missing=True)
+    aligner = OfflineAligner(aligner_dir, args.device, getattr(torch, resolve_dtype(args.dtype, args.device)))
+    spans = align_result(aligner, result, request.text, sample_rate, request.language, args.timestamp_unit)
+    duration = len(result.wav) / sample_rate
+    write_timestamps(args.timestamps, timestamps_document(spans, request.text, duration, args.timestamp_unit))
+    print(f"{args.timestamps}: {len(spans)} {args.timestamp_unit}s")
 
 
 def _described(result: OfflineResult, sample_rate: int) -> str:
