@@ -201,6 +201,11 @@ class GatewayConfig:
     disables voice cloning from new reference audio (inline ``clone`` and RegisterVoice fail with
     FAILED_PRECONDITION; stored voices still work)."""
 
+    aligner_targets: tuple[str, ...] = ()
+    """Aligner stage addresses (same syntax as the decoder's): one pool for every served model,
+    which times the words of the audio of requests asking for ``timestamps``; empty: a request
+    asking for them fails with FAILED_PRECONDITION."""
+
     models: tuple[ModelRoute, ...] = field(default=(), metadata=flag(parse=parse_model_routes))
     """Several models behind this gateway, each by name with its own talker replicas and (Base
     models) speaker stage: ``NAME: talker=TARGETS [speaker=TARGETS]; NAME2: ...`` (e.g.

@@ -15,8 +15,11 @@ class ModelCatalog:
         self.models = models
 
     async def describe(self, backend: ModelBackend) -> tts_pb2.ModelInfo:
-        """One model as clients see it (voice cloning only with a speaker stage)."""
-        return backend.public_info(await backend.talker_info(), is_default=backend is self.models.default)
+        """One model as clients see it (voice cloning only with a speaker stage, timestamps
+        only with an aligner stage)."""
+        info = backend.public_info(await backend.talker_info(), is_default=backend is self.models.default)
+        info.timestamps_supported = self.models.aligner is not None
+        return info
 
     async def model_info(self, name: str) -> tts_pb2.ModelInfo:
         """The model ``name`` names ("" = the default; NOT_FOUND listing the served ones)."""

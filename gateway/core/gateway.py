@@ -48,7 +48,7 @@ class Gateway:
         self.library = self.library_host.library
         self.admission = Admission(config.max_concurrent_streams)
         limits = request_limits(config)
-        context = SynthesisContext(config, models.decoder, self.library, limits)
+        context = SynthesisContext(config, models.decoder, self.library, limits, models.aligner)
         self.unary = UnarySynthesis(models, context, self.admission)
         self.streamed = StreamedSynthesis(models, context, self.admission)
         self.voices = VoiceService(

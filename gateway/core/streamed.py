@@ -4,7 +4,8 @@ accepted).
 
 The configuration's model (NOT_FOUND listing the served ones) -> admission -> the configuration
 validated against that model and its voice resolved -> a :class:`StreamingSession` given the
-utterance sequence, the response builder and the utterance cutter it works with.
+utterance sequence, the response builder, the utterance cutter and (``timestamps``) the
+timestamper it works with.
 """
 
 from __future__ import annotations
@@ -55,15 +56,19 @@ class StreamedSynthesis:
                 prepared = await context.prepare(
                     backend, config, request_id, time_remaining, caller=caller, streamed_text=True
                 )
+                builder = prepared.responses(request_id, received, speed)
                 session = StreamingSession(
                     prepared,
                     messages,
                     request_id,
                     sequence=context.sequence(backend, prepared, time_remaining),
-                    responses=prepared.responses(request_id, received, speed),
+                    responses=builder,
                     cutter=UtteranceCutter(*context.segment_size(backend, prepared)),
                     max_text_chars=context.config.max_text_chars,
                     idle_timeout=context.config.text_idle_timeout_seconds,
+                    timestamps=lambda queue: context.timestamper(
+                        config, prepared, builder, queue, request_id, time_remaining
+                    ),
                 )
                 async for response in session.responses():
                     yield response

@@ -7,16 +7,20 @@ the served ones) -> admission (:mod:`.admission`) -> validation against that mod
 segments as consecutive utterances (:mod:`gateway.synthesis.utterances`, each ``Talker.Generate``
 piped into ``Decoder.Decode`` by :mod:`gateway.stages.pipeline`, the next one generating while
 the current one streams) -> every response made by the stream's
-:class:`~gateway.synthesis.responses.ResponseBuilder`: one metadata, audio chunks, one summary.
+:class:`~gateway.synthesis.responses.ResponseBuilder`: one metadata, audio chunks, one summary;
+with ``timestamps``, each segment's timings (:mod:`gateway.synthesis.timestamps`) between later
+chunks, as soon as they are known, all of them before the summary.
 Closing the iterator (client gone, deadline) cancels every stage call; a stage failing
 mid-stream raises a StageError naming the stage.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 from tts_common.logging_setup import model_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
@@ -24,6 +28,7 @@ from tts_common.pb.qwen3tts.v1 import tts_pb2
 from ..stages.models import ModelRegistry
 from ..synthesis.context import SynthesisContext
 from ..synthesis.responses import SegmentRecord
+from ..synthesis.timestamps import queued_responses, with_timings
 from ..synthesis.utterances import UtteranceAudio, UtteranceDone, UtteranceStarted
 from ..voice_library import Caller
 from .admission import Admission
@@ -68,23 +73,44 @@ class UnarySynthesis:
         with model_context(backend.name), self.admission.admit(received, backend):
             prepared = await context.prepare(backend, request, request_id, time_remaining, caller=caller)
             builder = prepared.responses(request_id, received, speed)
+            ready: asyncio.Queue[Any] = asyncio.Queue()
+            timings = context.timestamper(request, prepared, builder, ready, request_id, time_remaining)
             segmentation = await context.segmentation(backend, prepared)
             sequence = context.sequence(backend, prepared, time_remaining)
             plans = context.plans(segmentation, prepared, request_id)
-            async with contextlib.aclosing(sequence.events(plans)) as events:
-                async for event in events:
-                    if isinstance(event, UtteranceAudio):
-                        yield await builder.audio(event.index, event.samples)
-                    elif isinstance(event, UtteranceDone):
-                        builder.end_utterance(event.index)
-                    elif isinstance(event, UtteranceStarted) and event.index == 0:
-                        # A text the whole segmentation refuses is refused before any response.
-                        await segmentation.complete()
-                        yield builder.metadata()
-            final = await builder.finish()
-            if final is not None:
-                yield final
-            yield builder.summary([segment_record(done) for done in sequence.results])
+            try:
+                async with (
+                    contextlib.aclosing(sequence.events(plans)) as events,
+                    contextlib.aclosing(with_timings(events, ready) if timings else events) as items,
+                ):
+                    async for event in items:
+                        if isinstance(event, tts_pb2.SynthesizeResponse):  # a segment's timings
+                            yield event
+                        elif isinstance(event, UtteranceAudio):
+                            if timings is not None:
+                                timings.add_audio(event.index, event.samples)
+                            yield await builder.audio(event.index, event.samples)
+                        elif isinstance(event, UtteranceDone):
+                            builder.end_utterance(event.index)
+                            if timings is not None:
+                                timings.complete(
+                                    event.index, event.plan.talker_request.text, event.plan.text_start
+                                )
+                        elif isinstance(event, UtteranceStarted) and event.index == 0:
+                            # A text the whole segmentation refuses is refused before any response.
+                            await segmentation.complete()
+                            yield builder.metadata()
+                final = await builder.finish()
+                if final is not None:
+                    yield final
+                if timings is not None:
+                    await timings.finish()
+                    for response in queued_responses(ready):
+                        yield response
+                yield builder.summary([segment_record(done) for done in sequence.results])
+            finally:
+                if timings is not None:
+                    await timings.close()
 
 
 __all__ = ["UnarySynthesis", "segment_record"]

@@ -35,6 +35,7 @@ from tts_common.serving.server import channel_options, keepalive_channel_options
 from tts_common.synthesis.validation import RequestLimits
 
 from ..config import FailoverPolicy, GatewayConfig, ModelRoute
+from .aligner import AlignerStage
 from .backend import ModelBackend
 from .model_info import STARTUP_PROBE_TIMEOUT_S
 from .routing import StageClient, tie_readiness
@@ -81,17 +82,21 @@ class ModelRegistry:
         *,
         default: str = "",
         aliases: Sequence[tuple[str, str]] = (),
+        aligner: AlignerStage | None = None,
         startup_timeout: float = 0.0,
         health_check_interval: float = 1.0,
         health_check_timeout: float = 2.0,
     ) -> None:
         """``default``: the default model's name ("" = the first); ``aliases``: (alias, name)
-        pairs, aliases lower-cased; ``startup_timeout``: how long :meth:`start` waits for every
+        pairs, aliases lower-cased; ``aligner``: the aligner stage every model shares (None:
+        no timestamps); ``startup_timeout``: how long :meth:`start` waits for every
         stage (0 = until they answer); ``health_check_*``: the decoder pool's health checks."""
         if not backends:
             raise ValueError("a gateway serves at least one model")
         self.backends = tuple(backends)
         self.decoder = decoder
+        self.aligner = aligner
+        """The aligner stage (word timestamps), shared like the decoder pool; None: none."""
         self._default = default
         self._aliases = {alias.lower(): name for alias, name in aliases}
         self._startup_timeout = startup_timeout
@@ -145,11 +150,19 @@ class ModelRegistry:
                 )
             )
         decoder = client("Decoder", config.decoder_targets, stages_pb2_grpc.DecoderStub)
+        aligner = None
+        if config.aligner_targets:
+            aligner = AlignerStage(
+                client("Aligner", config.aligner_targets, stages_pb2_grpc.AlignerStub),
+                config.stage_timeout_seconds,
+                failover=failover,
+            )
         return cls(
             backends,
             decoder,
             default=config.default_model,
             aliases=config.model_alias,
+            aligner=aligner,
             startup_timeout=config.startup_timeout_seconds,
             health_check_interval=config.health_check_interval_seconds,
             health_check_timeout=config.health_check_timeout_seconds,
@@ -204,14 +217,16 @@ class ModelRegistry:
     # --- lifecycle ------------------------------------------------------------------------------
     @property
     def stage_clients(self) -> tuple[StageClient[Any], ...]:
-        """Every stage client: each model's talker and speaker, and the decoder pool."""
-        return tuple(c for b in self.backends for c in b.stage_clients) + (self.decoder,)
+        """Every stage client: each model's talker and speaker, the decoder pool and the
+        aligner."""
+        aligner = (self.aligner.client,) if self.aligner is not None else ()
+        return tuple(c for b in self.backends for c in b.stage_clients) + (self.decoder, *aligner)
 
     def tie_readiness(self, health: ServingHealth) -> None:
         """NOT_SERVING while the decoder pool, or every model's talker, has no reachable
         replica (a model whose talkers are all down fails its own requests with UNAVAILABLE
-        naming the talker; the others go on). Speakers are left out: without one only voice
-        cloning fails."""
+        naming the talker; the others go on). Speakers and the aligner are left out: without
+        one only voice cloning (timestamps) fails."""
         self._serving = health
         tie_readiness(health, [*(b.talker for b in self.backends), self.decoder])
 
@@ -221,6 +236,8 @@ class ModelRegistry:
         otherwise; a decoder replica not up yet is checked when it answers, see the module
         doc)."""
         self.decoder.start_health_checks(*self._health)
+        if self.aligner is not None:
+            self.aligner.client.start_health_checks(*self._health)
         infos = await asyncio.gather(*(b.start(self._startup_timeout) for b in self.backends))
         names = [b.name for b in self.backends]
         if len(set(names)) != len(names):
@@ -311,6 +328,8 @@ class ModelRegistry:
         for backend in self.backends:
             await backend.close()
         await self.decoder.close()
+        if self.aligner is not None:
+            await self.aligner.client.close()
 
 
 __all__ = ["IncompatibleModelsError", "ModelRegistry", "RECONNECT_OPTIONS", "request_limits"]

@@ -5,24 +5,29 @@ talkers and the shared decoder pool."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
 from tts_common.errors import InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.synthesis.validation import RequestLimits
+from tts_common.synthesis.validation import RequestLimits, native_sample_rate
 from tts_common.text import TokenCounter
 
 from ..config import GatewayConfig
+from ..stages.aligner import AlignerStage
 from ..stages.backend import ModelBackend
 from ..stages.routing import StageClient
 from ..voice_library import NO_KEYS, Caller, VoiceLibrary
 from .request import PreparedRequest, prepare
+from .responses import ResponseBuilder
 from .segmentation import Segmentation, segment_size
+from .timestamps import Timestamper, check_timestamps
 from .utterances import (
     UtteranceAudio,
     UtteranceDone,
@@ -35,12 +40,15 @@ from .utterances import (
 
 @dataclass(frozen=True)
 class SynthesisContext:
-    """The gateway's settings, the decoder pool and the voice library (see the module doc)."""
+    """The gateway's settings, the decoder pool, the voice library and the aligner stage (see
+    the module doc)."""
 
     config: GatewayConfig
     decoder: StageClient[stages_pb2_grpc.DecoderStub]
     voices: VoiceLibrary
     limits: RequestLimits
+    aligner: AlignerStage | None = None
+    """Word timings (None: requests asking for them fail with FAILED_PRECONDITION)."""
 
     async def prepare(
         self,
@@ -64,6 +72,32 @@ class SynthesisContext:
             self.config,
             self.limits,
             streamed_text=streamed_text,
+        )
+
+    def timestamper(
+        self,
+        request: tts_pb2.SynthesizeRequest,
+        prepared: PreparedRequest,
+        builder: ResponseBuilder,
+        ready: asyncio.Queue[Any],
+        request_id: str,
+        time_remaining: float | None,
+    ) -> Timestamper | None:
+        """The timings of a stream whose request (or configuration) asks for ``timestamps``
+        (None if it does not; checked here: :func:`~.timestamps.check_timestamps`), put into
+        ``ready`` (the stream's response queue) as they come."""
+        if not check_timestamps(request.timestamps, self.aligner):
+            return None
+        assert self.aligner is not None  # checked
+        return Timestamper(
+            self.aligner,
+            request.timestamps,
+            prepared.plan.language,
+            builder,
+            ready,
+            request_id,
+            sample_rate=native_sample_rate(prepared.info),
+            time_remaining=time_remaining,
         )
 
     def segment_size(self, backend: ModelBackend, prepared: PreparedRequest) -> tuple[int, TokenCounter]:

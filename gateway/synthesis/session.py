@@ -20,6 +20,11 @@ sequence closes their pipelines, freeing the talker slots) and queues a cancel m
 generator reaches the marker it sends each stopped utterance's ``utterance_end`` (CANCELLED, the
 samples it had sent): the acknowledgement. Audio of a stopped utterance is dropped from the
 moment the reader saw the cancel, so none follows the acknowledgement.
+
+Timestamps: with a :class:`~gateway.synthesis.timestamps.Timestamper`, each utterance is aligned
+once its ``utterance_end`` is sent (its timings join the queue when ready, and go out between
+later audio; the summary waits for the last); a cancelled utterance's acknowledgement names the
+last unit of its audio sent whole.
 """
 
 from __future__ import annotations
@@ -29,8 +34,9 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from tts_common import metrics
 from tts_common.errors import DeadlineExceededError, InvalidRequestError
@@ -50,6 +56,7 @@ from .text_cutter import (
     check_message,
     check_total_text,
 )
+from .timestamps import Timestamper, queued_responses
 from .utterances import (
     UtteranceAudio,
     UtteranceDone,
@@ -70,6 +77,8 @@ class _StreamedUtterance:
     text_start: int
     text_end: int
     seed: int
+    text: str = ""
+    """Its text so far, as sent to the talker (the stream's ``[text_start, text_end)``)."""
     feed: asyncio.Queue[stages_pb2.TalkerClientMessage | None] = field(default_factory=asyncio.Queue)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
@@ -105,7 +114,7 @@ class _Finished:
     """Every utterance was delivered."""
 
 
-_Item = UtteranceEvent | _Cancelled | _Finished | BaseException
+_Item = UtteranceEvent | _Cancelled | _Finished | tts_pb2.SynthesizeResponse | BaseException
 
 
 async def _messages_of(
@@ -129,11 +138,13 @@ class StreamingSession:
         cutter: UtteranceCutter,
         max_text_chars: int,
         idle_timeout: float,
+        timestamps: Callable[[asyncio.Queue[Any]], Timestamper | None] = lambda _: None,
     ) -> None:
         """``messages``: the client's messages after the configuration; ``sequence``: runs the
         utterances; ``responses``: makes every response; ``cutter``: cuts the text into
         utterances; ``max_text_chars``: the text limit over the stream; ``idle_timeout``: how long
-        the text may stay open with neither a message nor audio."""
+        the text may stay open with neither a message nor audio; ``timestamps``: the stream's
+        timestamper given its response queue (None: no timings)."""
         self._prepared = prepared
         self._messages = messages
         self._request_id = request_id
@@ -144,6 +155,7 @@ class StreamingSession:
         self._idle_timeout = idle_timeout
         self._last_activity = time.monotonic()
         self._out: asyncio.Queue[_Item] = asyncio.Queue()
+        self._timings = timestamps(self._out)
         self._plans: asyncio.Queue[UtterancePlan | None] = asyncio.Queue()
         self._utterances: list[_StreamedUtterance] = []
         self._current: _StreamedUtterance | None = None
@@ -161,14 +173,18 @@ class StreamingSession:
                     raise item
                 if isinstance(item, _Finished):
                     break
-                if isinstance(item, _Cancelled):
+                if isinstance(item, tts_pb2.SynthesizeResponse):  # an utterance's timings
+                    yield item
+                elif isinstance(item, _Cancelled):
                     for utterance in item.utterances:
                         if not utterance.ended:
                             metrics.CANCELLED_UTTERANCES.labels(stage=STAGE).inc()
-                            yield self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
+                            yield await self._cancelled_end(utterance)
                 elif isinstance(item, UtteranceAudio):
                     if self._utterances[item.index].cancelled.is_set():
                         continue
+                    if self._timings is not None:
+                        self._timings.add_audio(item.index, item.samples)
                     response = await builder.audio(item.index, item.samples)
                     self._last_activity = time.monotonic()
                     yield response
@@ -178,14 +194,22 @@ class StreamingSession:
                     self._observe(item.talker_done)
                     if not utterance.ended:
                         yield self._utterance_end(utterance, item.finish_reason)
+                        if self._timings is not None:
+                            self._timings.complete(utterance.index, utterance.text, utterance.text_start)
             final = await builder.finish()
             if final is not None:
                 yield final
+            if self._timings is not None:
+                await self._timings.finish()
+                for response in queued_responses(self._out):
+                    yield response
             yield builder.summary([u.record() for u in self._utterances])
         finally:
             for task in (reader, pump):
                 task.cancel()
             await asyncio.gather(reader, pump, return_exceptions=True)
+            if self._timings is not None:
+                await self._timings.close()
 
     # --- client side ----------------------------------------------------------------------
     async def _read(self) -> None:
@@ -254,6 +278,7 @@ class StreamingSession:
                     stages_pb2.TalkerClientMessage(append_text=stages_pb2.AppendText(text=action.text))
                 )
                 self._current.text_end += len(action.text)
+                self._current.text += action.text
             elif isinstance(action, EndUtterance):
                 assert self._current is not None
                 self._current.feed.put_nowait(stages_pb2.TalkerClientMessage(end_text=stages_pb2.EndText()))
@@ -265,7 +290,7 @@ class StreamingSession:
         plan = self._prepared.plan
         index = len(self._utterances)
         segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
-        utterance = _StreamedUtterance(index, segment.start, segment.end, segment.seed)
+        utterance = _StreamedUtterance(index, segment.start, segment.end, segment.seed, action.text)
         stages = utterance_plan(segment, self._request_id, self._prepared.voice, self._prepared.output_plan)
         stages.talker_request.text_open = True
         self._plans.put_nowait(
@@ -304,6 +329,17 @@ class StreamingSession:
     def _utterance_end(self, utterance: _StreamedUtterance, reason: int) -> tts_pb2.SynthesizeResponse:
         utterance.ended = True
         return self._builder.utterance_end(utterance.record(reason))
+
+    async def _cancelled_end(self, utterance: _StreamedUtterance) -> tts_pb2.SynthesizeResponse:
+        """A cancelled utterance's acknowledgement; with timestamps, naming the last unit of
+        its audio sent whole."""
+        last = None
+        if self._timings is not None:
+            last = await self._timings.last_unit(utterance.index, utterance.text, utterance.text_start)
+        response = self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
+        if last is not None:
+            response.utterance_end.last_unit.CopyFrom(last)
+        return response
 
     @staticmethod
     def _observe(done: stages_pb2.TalkerDone) -> None:

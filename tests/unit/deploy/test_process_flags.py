@@ -31,6 +31,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--talker-targets": (),
         "--decoder-targets": (),
         "--speaker-targets": (),
+        "--aligner-targets": (),
         "--models": (),
         "--default-model": "",
         "--model-alias": (),

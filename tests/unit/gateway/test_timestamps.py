@@ -1,0 +1,345 @@
+"""Word timestamps over gRPC against fake stages and a fake aligner
+(tests/helpers/fake_aligner.py): one ``timestamps`` message per utterance, units that tile the
+words of the request's (or the streamed) text and lie inside the audio sent, exactly where the
+aligner put them after resampling, ``speed`` and earlier segments; alignment off the audio
+path; FAILED_PRECONDITION without an aligner; an aligner failure that leaves the audio alone;
+the last unit sent whole named at a barge-in."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+
+import grpc
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from gateway.encoding import AudioOutput
+from gateway.synthesis.responses import OutputPlan, ResponseBuilder
+from gateway.synthesis.timestamps import timed_units
+from tests.helpers.fake_aligner import FakeAligner, fake_times, fake_units, serve_aligner
+from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
+from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.text import estimate_tokens, segment_text
+
+NATIVE = 24000
+FLOAT32 = tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32)
+WORD = tts_pb2.TIMESTAMP_UNIT_WORD
+Message = tts_pb2.StreamingSynthesizeRequest
+SENTENCES = [
+    "The quick brown fox jumps over the lazy dog.",
+    "It's 3 o'clock, isn't it?",
+    "Then we went home, slowly, along the river.",
+    "See you soon!",
+]
+TEXT = " ".join(f"{take}, {s}" for take in ("First", "Second") for s in SENTENCES)
+
+
+def request(text: str = TEXT, **kwargs: object) -> tts_pb2.SynthesizeRequest:
+    base: dict[str, object] = {
+        "text": text,
+        "speaker": "Vivian",
+        "language": "English",
+        "output": FLOAT32,
+        "timestamps": WORD,
+        "sampling": tts_pb2.SamplingOptions(seed=5),
+    }
+    base.update(kwargs)
+    return tts_pb2.SynthesizeRequest(**base)  # type: ignore[arg-type]
+
+
+def kinds(responses: Sequence[tts_pb2.SynthesizeResponse]) -> list[str]:
+    return [str(r.WhichOneof("payload")) for r in responses]
+
+
+def expected_units(
+    text: str, start: int, text_start: int, samples: int
+) -> list[tuple[str, int, int, int, int]]:
+    """What the fake aligner's answer for one utterance must become on a native-rate output."""
+    units = fake_units(text, stages_pb2.ALIGN_UNIT_WORD)
+    times = fake_times(len(units), samples / NATIVE * 1000)
+    return [
+        (
+            u,
+            text_start + a,
+            text_start + b,
+            start + round(s * NATIVE / 1000),
+            start + round(e * NATIVE / 1000),
+        )
+        for (u, a, b), (s, e) in zip(units, times)
+    ]
+
+
+def as_tuples(units: Sequence[tts_pb2.TimedUnit]) -> list[tuple[str, int, int, int, int]]:
+    return [(u.text, u.char_start, u.char_end, u.start_sample, u.end_sample) for u in units]
+
+
+# --- the mapping, exactly ---------------------------------------------------------------------
+
+
+WORDS = st.lists(
+    st.text(alphabet="abcxyzé'.,!? 0123日本", min_size=0, max_size=8), min_size=1, max_size=6
+).map(" ".join)
+
+
+@settings(max_examples=120, deadline=None)
+@given(
+    utterances=st.lists(st.tuples(WORDS, st.integers(0, 4 * SAMPLES_PER_FRAME)), min_size=1, max_size=4),
+    rate=st.sampled_from([NATIVE, 8000, 16000, 22050, 44100, 48000]),
+    speed=st.one_of(st.just(1.0), st.floats(0.25, 4.0)),
+)
+def test_units_are_monotonic_inside_their_audio_and_tile_the_words(
+    utterances: list[tuple[str, int]], rate: int, speed: float
+) -> None:
+    async def main() -> None:
+        output = AudioOutput(tts_pb2.AUDIO_ENCODING_FLOAT32, rate, NATIVE, speed=speed)
+        builder = ResponseBuilder(
+            tts_pb2.SynthesisMetadata(), OutputPlan(tts_pb2.AUDIO_ENCODING_FLOAT32, rate, 2, 25), output, 0.0
+        )
+        whole = ""
+        native = 0
+        timed: list[tuple[int, str, int, list[tts_pb2.TimedUnit]]] = []
+        for index, (text, samples) in enumerate(utterances):
+            text_start = len(whole)
+            whole += text
+            await builder.audio(index, np.zeros(samples, dtype=np.float32))
+            reply = stages_pb2.AlignResponse()
+            units = fake_units(text, stages_pb2.ALIGN_UNIT_WORD)
+            for (u, a, b), (s, e) in zip(units, fake_times(len(units), samples / NATIVE * 1000)):
+                reply.units.add(text=u, char_start=a, char_end=b, start_ms=s, end_ms=e)
+            place = lambda offset, index=index: builder.output_sample(index, offset)  # noqa: E731
+            timed.append(
+                (native, text, text_start, timed_units(reply, text, text_start, samples, NATIVE, place))
+            )
+            native += samples
+        await builder.finish()
+        sent = builder.num_samples
+        previous_end = 0
+        for index, (first, text, text_start, units) in enumerate(timed):
+            span = builder.utterance_span(index)
+            # One unit per word of the utterance's text, in order, spans into the whole text.
+            assert [u.text for u in units] == [w for w, _, _ in fake_units(text, stages_pb2.ALIGN_UNIT_WORD)]
+            char_end = text_start
+            for unit in units:
+                assert whole[unit.char_start : unit.char_end] == unit.text
+                assert char_end <= unit.char_start <= unit.char_end <= text_start + len(text)
+                char_end = unit.char_end
+                # Monotonic, inside the utterance's audio as sent, inside the stream.
+                assert previous_end <= unit.start_sample <= unit.end_sample <= sent
+                assert span.start_sample <= unit.start_sample
+                assert unit.end_sample <= span.start_sample + span.num_samples
+                previous_end = unit.end_sample
+            # Where the aligner put them: native time, through speed and the rate change.
+            step = utterances[index][1] / max(len(units), 1)
+            for k, unit in enumerate(units):
+                for sample, native_offset in (
+                    (unit.start_sample, k * step),
+                    (unit.end_sample, (k + 1) * step),
+                ):
+                    ideal = (first + native_offset) / speed * rate / NATIVE
+                    assert abs(sample - ideal) <= 2 + rate / NATIVE, (sample, ideal)
+
+    asyncio.run(main())
+
+
+def test_an_answer_outside_the_text_is_refused() -> None:
+    reply = stages_pb2.AlignResponse()
+    reply.units.add(text="x", char_start=2, char_end=9, start_ms=0, end_ms=1)
+    try:
+        timed_units(reply, "abc", 0, 100, NATIVE, lambda o: o)
+    except ValueError as exc:
+        assert "spans [2, 9)" in str(exc)
+    else:
+        raise AssertionError("accepted a span outside the text")
+
+
+# --- Synthesize ---------------------------------------------------------------------------------
+
+
+def test_synthesize_sends_one_timing_message_per_segment_after_its_audio() -> None:
+    async def main() -> None:
+        aligner = FakeAligner()
+        async with (
+            serve_aligner(aligner) as target,
+            Harness(frames=4, segment_tokens=20, aligner_targets=(target,)) as h,
+        ):
+            responses = [r async for r in h.stub.Synthesize(request(), timeout=10)]
+        assert kinds(responses)[0] == "metadata" and kinds(responses)[-1] == "summary"
+        summary = responses[-1].summary
+        assert summary.num_segments > 2
+        timestamps = [r.timestamps for r in responses if r.HasField("timestamps")]
+        assert sorted(t.index for t in timestamps) == list(range(summary.num_segments))
+        for segment in summary.segments:
+            (position,) = [
+                i
+                for i, r in enumerate(responses)
+                if r.HasField("timestamps") and r.timestamps.index == segment.index
+            ]
+            message = responses[position].timestamps
+            assert message.unit == WORD and not message.error
+            text = TEXT[segment.text_start : segment.text_end]
+            assert as_tuples(message.units) == expected_units(
+                text, segment.start_sample, segment.text_start, segment.num_samples
+            )
+            # It follows every audio chunk of its segment.
+            sent_before = sum(r.audio.num_samples for r in responses[:position] if r.HasField("audio"))
+            assert sent_before >= segment.start_sample + segment.num_samples
+        # The aligner heard each segment's native audio with its text and language.
+        assert sorted(r.text for r in aligner.requests) == sorted(r.text for r in h.talker.requests)
+        for sent in aligner.requests:
+            assert sent.sample_rate == NATIVE and sent.language == "english"
+            assert sent.unit == stages_pb2.ALIGN_UNIT_WORD
+            np.testing.assert_array_equal(np.frombuffer(sent.pcm, "<f4"), expected_signal(4))
+
+    run(main())
+
+
+def test_timings_follow_resampling() -> None:
+    async def main() -> None:
+        async with serve_aligner(FakeAligner()) as target, Harness(frames=5, aligner_targets=(target,)) as h:
+            output = tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32, sample_rate=16000)
+            responses = [
+                r async for r in h.stub.Synthesize(request("One two three four.", output=output), timeout=10)
+            ]
+        summary = responses[-1].summary
+        (message,) = [r.timestamps for r in responses if r.HasField("timestamps")]
+        assert [u.text for u in message.units] == ["One", "two", "three", "four"]
+        assert message.units[-1].end_sample <= summary.num_samples
+        assert message.units[0].start_sample == 0
+        # 5 frames at 16 kHz: 6400 samples; four even units of 1600 each (speed: the property test).
+        assert [u.end_sample for u in message.units] == [1600, 3200, 4800, 6400]
+
+    run(main())
+
+
+def test_a_slow_aligner_never_holds_back_audio() -> None:
+    async def main() -> None:
+        aligner = FakeAligner()
+        aligner.gate = asyncio.Event()
+        async with (
+            serve_aligner(aligner) as target,
+            Harness(frames=4, segment_tokens=20, aligner_targets=(target,)) as h,
+        ):
+            segments = len(segment_text(TEXT, 20, estimate_tokens))
+            assert segments > 2
+            call = h.stub.Synthesize(request(), timeout=10)
+            audio = 0
+            # Every segment's audio arrives while the aligner holds every answer.
+            while audio < segments * 4 * SAMPLES_PER_FRAME:
+                response = await call.read()
+                assert response.WhichOneof("payload") in ("metadata", "audio"), response
+                audio += response.audio.num_samples
+            for _ in range(200):
+                if len(aligner.requests) == segments:
+                    break
+                await asyncio.sleep(0.01)
+            assert len(aligner.requests) == segments and aligner.answered == 0
+            aligner.gate.set()
+            rest = []
+            while (r := await call.read()) is not grpc.aio.EOF:
+                rest.append(r)
+            assert kinds(rest) == ["timestamps"] * segments + ["summary"]
+            assert rest[-1].summary.num_samples == audio
+
+    run(main())
+
+
+def test_an_aligner_failure_leaves_the_audio_and_says_so() -> None:
+    async def main() -> None:
+        async with (
+            serve_aligner(FakeAligner(fail=True)) as target,
+            Harness(frames=3, aligner_targets=(target,)) as h,
+        ):
+            responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
+        assert kinds(responses) == ["metadata", "audio", "audio", "timestamps", "summary"]
+        message = responses[-2].timestamps
+        assert not message.units and "fake aligner refuses this audio" in message.error
+        assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
+
+    run(main())
+
+
+def test_without_an_aligner_timestamps_are_failed_precondition() -> None:
+    async def main() -> None:
+        async with Harness(frames=2) as h:
+            error = await expect_rpc_error(h.stub.Synthesize(request("Hi."), timeout=5))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert "this server has no aligner stage" in (error.details() or "")
+            call = h.stub.StreamingSynthesize(
+                iter([Message(config=request("")), Message(text="Hi.")]), timeout=5
+            )
+            error = await expect_rpc_error(call)
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert not (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
+            # Without timestamps nothing changes.
+            responses = [r async for r in h.stub.Synthesize(request("Hi.", timestamps=0), timeout=5)]
+            assert "timestamps" not in kinds(responses)
+            error = await expect_rpc_error(h.stub.Synthesize(request("Hi.", timestamps=7), timeout=5))
+            assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
+            assert "timestamps: unknown value 7" in (error.details() or "")
+        async with serve_aligner(FakeAligner()) as target, Harness(frames=2, aligner_targets=(target,)) as h:
+            assert (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
+
+    run(main())
+
+
+# --- StreamingSynthesize ------------------------------------------------------------------------
+
+
+def test_streamed_utterances_get_spans_in_the_streamed_text() -> None:
+    async def main() -> None:
+        flush = Message(flush=tts_pb2.FlushText())
+        deltas = ["One tw", "o three.", None, " Four, fi", "ve!", None, " Six."]
+        messages = [Message(config=request(""))] + [flush if d is None else Message(text=d) for d in deltas]
+        whole = "".join(d for d in deltas if d)
+        async with serve_aligner(FakeAligner()) as target, Harness(frames=3, aligner_targets=(target,)) as h:
+            responses = [r async for r in h.stub.StreamingSynthesize(iter(messages), timeout=10)]
+        ends = [r.utterance_end for r in responses if r.HasField("utterance_end")]
+        timestamps = {r.timestamps.index: r.timestamps for r in responses if r.HasField("timestamps")}
+        assert kinds(responses)[-1] == "summary" and sorted(timestamps) == [0, 1, 2]
+        words = []
+        for end in ends:
+            text = whole[end.text_start : end.text_end]
+            units = timestamps[end.index].units
+            assert as_tuples(units) == expected_units(text, end.start_sample, end.text_start, end.num_samples)
+            words += [whole[u.char_start : u.char_end] for u in units]
+        assert words == ["One", "two", "three", "Four", "five", "Six"]
+
+    run(main())
+
+
+def test_a_barge_in_names_the_last_word_sent_whole() -> None:
+    async def main() -> None:
+        async with (
+            serve_aligner(FakeAligner()) as target,
+            Harness(frames=400, delay=0.01, aligner_targets=(target,)) as h,
+        ):
+            call = h.stub.StreamingSynthesize(timeout=15)
+            chunks = tts_pb2.StreamingOptions(first_chunk_frames=1, max_chunk_frames=1)
+            await call.write(Message(config=request("", streaming=chunks)))
+            said = "Hello there, this is a long one "
+            await call.write(Message(text=said))
+            audio = 0
+            while audio < 6 * SAMPLES_PER_FRAME:
+                audio += (await call.read()).audio.num_samples
+            await call.write(Message(cancel=tts_pb2.CancelUtterance()))
+            while not (r := await call.read()).HasField("utterance_end"):
+                assert r.HasField("audio")
+            ack = r.utterance_end
+            assert ack.finish_reason == tts_pb2.FINISH_REASON_CANCELLED
+            # The fake aligner spreads the words it was sent over the audio sent: all but the
+            # last end before the audio stops.
+            text = said[ack.text_start : ack.text_end]
+            words = fake_units(text, stages_pb2.ALIGN_UNIT_WORD)
+            last = ack.last_unit
+            assert (last.text, last.char_start, last.char_end) == words[-2]
+            assert last.end_sample < ack.start_sample + ack.num_samples
+            await call.done_writing()
+            rest = []
+            while (r := await call.read()) is not grpc.aio.EOF:
+                rest.append(r)
+            assert "timestamps" not in kinds(rest)  # none for a cancelled utterance
+
+    run(main())
