@@ -12,6 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from gateway.config import FLAGS, gateway_config_from_args
 from qwen3_tts.cli import build_parser
 from qwen3_tts.local_stack import (
     DEV_ALIGNER_SUBDIR,
@@ -84,7 +85,8 @@ def test_the_aligner_moves_no_other_port(replicas: int, several: bool, base: int
         assert len(set(ports)) == len(ports)
     assert not is_replicated(aligner.name) and replica_group(aligner) == "aligner"
     on_free_ports(stages)  # the tests' and the chaos run's layout
-    assert flag_value(stages[-1].args, "--aligner-targets") == aligner.address
+    config = gateway_config_from_args(FLAGS.parser().parse_args(stages[-1].args[3:]))
+    assert config.aligner_targets == (aligner.address,)
     assert flag_value(aligner.args, "--port") == str(aligner.port)
 
 
