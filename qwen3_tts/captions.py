@@ -23,6 +23,9 @@ MAX_CUE_SECONDS = 6.0
 SENTENCE_END = re.compile(r"[.!?\u3002\uff01\uff1f\u2026]")
 """Punctuation after a word that ends its sentence (Latin and CJK full stops, !, ?, ellipsis)."""
 
+CLAUSE_END = re.compile(r"[,;:\u2014\u3001\uff0c\uff1b\uff1a]")
+"""Punctuation after a word that ends a clause: a long sentence's cues break there if they can."""
+
 FORMATS = {".srt": "srt", ".vtt": "vtt"}
 """Caption file extension -> format."""
 
@@ -72,12 +75,20 @@ def group_cues(
     groups: list[list[TimedWord]] = []
     for word in words:
         current = groups[-1] if groups else None
-        if current is None or (
-            SENTENCE_END.search(text[current[-1].char_end : word.char_start])
-            or len(_collapse(text[current[0].char_start : word.char_end])) > max_chars
+        if current is None or SENTENCE_END.search(text[current[-1].char_end : word.char_start]):
+            groups.append([word])
+        elif (
+            len(_collapse(text[current[0].char_start : word.char_end])) > max_chars
             or word.end - current[0].start > max_seconds
         ):
-            groups.append([word])
+            # too long: break after the cue's last clause mark if that keeps a third of it, else here
+            cut = _clause_cut(current, text, max_chars // 3)
+            moved = [*current[cut:], word]
+            if len(_collapse(text[moved[0].char_start : word.char_end])) > max_chars or (
+                word.end - moved[0].start > max_seconds
+            ):
+                cut, moved = len(current), [word]
+            groups[-1:] = [current[:cut], moved]
         else:
             current.append(word)
     cues: list[Cue] = []
@@ -88,6 +99,17 @@ def group_cues(
         end = max(group[-1].end, start)
         cues.append(Cue(start, end, _collapse(text[begin:finish]), tuple(group)))
     return cues
+
+
+def _clause_cut(group: list[TimedWord], text: str, min_chars: int) -> int:
+    """Where to break ``group``: after its last word followed by a clause mark that leaves at
+    least ``min_chars`` before the break; else after its last word."""
+    for k in range(len(group) - 1, 0, -1):
+        if CLAUSE_END.search(text[group[k - 1].char_end : group[k].char_start]):
+            if len(_collapse(text[group[0].char_start : group[k - 1].char_end])) >= min_chars:
+                return k
+            break
+    return len(group)
 
 
 def format_timestamp(seconds: float, decimal: str) -> str:

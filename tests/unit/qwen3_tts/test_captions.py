@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from qwen3_tts.captions import (
     MAX_CUE_CHARS,
+    MAX_CUE_SECONDS,
     SENTENCE_END,
     TimedWord,
     caption_format,
@@ -43,8 +44,10 @@ def test_timestamps_round_to_the_millisecond(seconds: float) -> None:
         assert decimal in text and parse_time(text) == round(seconds * 1000)
 
 
-WORD = st.text(st.characters(categories=["L", "Nd"]), min_size=1, max_size=12)
-SEPARATOR = st.sampled_from([" ", "  ", ", ", ". ", "! ", "? ", " - ", "\n", "。", " & <b> "])
+WORD = st.text(st.characters(categories=["L", "Nd"]), min_size=1, max_size=12) | st.text(
+    st.characters(categories=["L"]), min_size=30, max_size=90
+)
+SEPARATOR = st.sampled_from([" ", "  ", ", ", ". ", "! ", "? ", " - ", "\n", "。", " & <b> ", "; ", "、"])
 
 
 @st.composite
@@ -80,6 +83,7 @@ def test_cues_hold_every_word_once_in_order_and_never_overlap(case: tuple[str, l
         first, last = cue.words[0], cue.words[-1]
         spoken = " ".join(text[first.char_start : last.char_end].split())
         assert len(cue.words) == 1 or len(spoken) <= MAX_CUE_CHARS
+        assert len(cue.words) == 1 or last.end - first.start <= MAX_CUE_SECONDS
         for a, b in zip(cue.words, cue.words[1:]):  # no sentence end inside a cue
             assert not SENTENCE_END.search(text[a.char_end : b.char_start])
 
@@ -141,3 +145,15 @@ def test_caption_format_and_file(tmp_path: Path) -> None:
     write_captions(tmp_path / "out.vtt", words, text)
     assert "00:00:01.200 --> 00:00:01.800\nHow are you?" in (tmp_path / "out.vtt").read_text()
     assert group_cues([], "") == []
+
+
+def test_a_long_sentence_breaks_at_its_last_clause_mark() -> None:
+    text = "The quiet harbour woke slowly, and the fishing boats drifted out past the old stone pier."
+    words = [
+        TimedWord(m.group(), 0.3 * k, 0.3 * k + 0.2, m.start(), m.end())
+        for k, m in enumerate(re.finditer(r"\w+", text))
+    ]
+    assert [c.text for c in group_cues(words, text)] == [
+        "The quiet harbour woke slowly,",
+        "and the fishing boats drifted out past the old stone pier.",
+    ]
