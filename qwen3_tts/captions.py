@@ -1,7 +1,8 @@
 """Captions from word timings: SRT and WebVTT files (``qwen3-tts say --captions out.srt|out.vtt``).
 
 Words are grouped into cues the way subtitle guidelines do: a cue ends at a sentence end, or
-before it would grow past :data:`MAX_CUE_CHARS` characters or :data:`MAX_CUE_SECONDS` seconds.
+before it would grow past :data:`MAX_CUE_CHARS` characters or :data:`MAX_CUE_SECONDS` seconds
+(then after its last clause mark where that keeps a third of it, so no word is left alone).
 A cue's text is the request's own text from its first word to the next cue's first word
 (punctuation and case kept, whitespace collapsed to single spaces), so the cues read as the text
 does. Times are rounded to the millisecond; cues never overlap and never go back in time.
