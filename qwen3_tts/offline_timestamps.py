@@ -49,21 +49,37 @@ class UtteranceAligner(Protocol):
 
 
 class OfflineAligner:
-    """An aligner checkpoint in this process: ``align`` gives the units of one utterance."""
+    """An aligner checkpoint in this process (``aligner_service``'s loader, its text units and
+    timestamp repair, as its stage uses them): :meth:`align` gives the units of one utterance."""
 
     def __init__(
         self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
     ) -> None:
-        from aligner_service.alignment import Alignment
+        from aligner_service.model import load_aligner
 
-        self._alignment = Alignment.from_checkpoint(model_dir, device, dtype)
+        self.model = load_aligner(model_dir, device=device, dtype=dtype)
 
     def align(
         self, audio: np.ndarray, sample_rate: int, text: str, language: str, unit: Unit
     ) -> list[tuple[str, int, int, float, float]]:
-        """(text, char_start, char_end, start_ms, end_ms) of each unit of ``text`` in ``audio``."""
-        units = self._alignment.align(audio, sample_rate, text, language, unit)
-        return [(u.text, u.char_start, u.char_end, u.start_ms, u.end_ms) for u in units]
+        """(text, char_start, char_end, start_ms, end_ms) of each unit of ``text`` in ``audio``
+        (none when the text has no letter or digit); ValueError for audio the model refuses."""
+        from aligner_service.model import AlignInput
+        from aligner_service.text import repair_timestamps, split_units
+
+        units = split_units(text, language, unit)
+        if not units:
+            return []
+        words = [u.text for u in units]
+        with torch.inference_mode():
+            (classes,) = self.model.predict_classes(
+                [AlignInput(audio=audio, sample_rate=sample_rate, words=words)]
+            )
+        ms = repair_timestamps([c * self.model.timestamp_resolution_ms for c in classes])
+        return [
+            (u.text, u.char_start, u.char_end, float(ms[2 * i]), float(ms[2 * i + 1]))
+            for i, u in enumerate(units)
+        ]
 
 
 def alignment_language(language: str) -> str:
