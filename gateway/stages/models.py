@@ -253,7 +253,13 @@ class ModelRegistry:
                 )
             else:
                 self._check_decoder(endpoint.target, info)
-        logger.info("serving %d model(s): %s (default %s)", len(names), ", ".join(names), self.default.name)
+        logger.info(
+            "serving %d model(s): %s (default %s); aligner stage %s",
+            len(names),
+            ", ".join(names),
+            self.default.name,
+            "configured (timestamps)" if self.aligner is not None else "not configured (no timestamps)",
+        )
 
     @staticmethod
     def _models_codec(models: list[tuple[ModelBackend, stages_pb2.TalkerInfo]]) -> str:

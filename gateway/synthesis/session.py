@@ -83,6 +83,8 @@ class _StreamedUtterance:
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
     ended: bool = False
     """Its utterance_end was sent."""
+    cut: asyncio.Task[tts_pb2.TimedUnit | None] | None = None
+    """With timestamps, after a cancel: its last unit sent whole (being aligned)."""
     done: UtteranceDone | None = None
 
     def record(self, finish_reason: int | None = None) -> SegmentRecord:
@@ -307,6 +309,8 @@ class StreamingSession:
         for utterance in stopped:
             utterance.cancelled.set()
             utterance.feed.put_nowait(None)
+            if self._timings is not None:  # its audio fed so far is all it sent
+                utterance.cut = self._timings.cut(utterance.index, utterance.text, utterance.text_start)
         if stopped:
             logger.info("cancel: stopped utterance(s) %s", ", ".join(str(u.index) for u in stopped))
             self._out.put_nowait(_Cancelled(stopped))
@@ -333,9 +337,9 @@ class StreamingSession:
     async def _cancelled_end(self, utterance: _StreamedUtterance) -> tts_pb2.SynthesizeResponse:
         """A cancelled utterance's acknowledgement; with timestamps, naming the last unit of
         its audio sent whole."""
-        last = None
+        last = await utterance.cut if utterance.cut is not None else None
         if self._timings is not None:
-            last = await self._timings.last_unit(utterance.index, utterance.text, utterance.text_start)
+            self._timings.discard(utterance.index)
         response = self._utterance_end(utterance, tts_pb2.FINISH_REASON_CANCELLED)
         if last is not None:
             response.utterance_end.last_unit.CopyFrom(last)

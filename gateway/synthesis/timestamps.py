@@ -21,15 +21,17 @@ text never fails the stream: the utterance's ``timestamps`` message carries ``er
 units (logged as a warning), so a client always gets exactly one message per utterance with
 audio.
 
-Barge-in. A cancelled utterance's audio sent so far is aligned with the text it had received
-(:meth:`Timestamper.last_unit`): the last unit that ends before the audio stops is the last one
-sent whole, named by its ``utterance_end`` (waiting at most :data:`CUT_ALIGN_WAIT_S`).
+Barge-in. A cancelled utterance's audio sent so far is aligned, from the moment of the cancel,
+with the text it had received (:meth:`Timestamper.cut`): the last unit that ends before the audio
+stops is the last one sent whole, named by its ``utterance_end`` (which waits for it at most
+:data:`CUT_ALIGN_WAIT_S` from the cancel).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
@@ -136,7 +138,8 @@ class Timestamper:
         """``unit``: the request's ``timestamps`` (WORD or CHARACTER); ``language``: its
         language as planned ("auto" for none); ``builder``: the stream's response builder
         (where utterances are); ``ready``: the stream's response queue, which gets each
-        ``timestamps`` response; ``sample_rate``: the native rate of the audio."""
+        ``timestamps`` response; ``sample_rate``: the native rate of the audio;
+        ``time_remaining``: the client's deadline, in seconds from now (None: none)."""
         self.aligner = aligner
         self.unit = unit
         self.language = "" if language == "auto" else language
@@ -144,7 +147,7 @@ class Timestamper:
         self.ready = ready
         self.request_id = request_id
         self.sample_rate = sample_rate
-        self.time_remaining = time_remaining
+        self._deadline = None if time_remaining is None else time.monotonic() + time_remaining
         self._audio: dict[int, list[np.ndarray]] = {}
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -164,10 +167,27 @@ class Timestamper:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def last_unit(self, index: int, text: str, text_start: int) -> tts_pb2.TimedUnit | None:
-        """A cancelled utterance's last unit sent whole (see the module doc); None if none
-        was, or the alignment failed or took longer than :data:`CUT_ALIGN_WAIT_S`."""
-        pieces = self._audio.pop(index, [])
+    def cut(self, index: int, text: str, text_start: int) -> asyncio.Task[tts_pb2.TimedUnit | None]:
+        """Utterance ``index`` was cancelled (barge-in) with the audio fed so far: a task whose
+        result is its last unit sent whole (see the module doc); None if none was, or the
+        alignment failed or took longer than :data:`CUT_ALIGN_WAIT_S`. Started at the cancel,
+        so the acknowledgement waits as little as it can."""
+        # A copy: an utterance that completed as it was cancelled still gets its timings.
+        task = asyncio.create_task(
+            self._last_unit(index, list(self._audio.get(index, [])), text, text_start),
+            name=f"align {index} cut",
+        )
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+        return task
+
+    def discard(self, index: int) -> None:
+        """Utterance ``index`` gets no ``timestamps`` message (cancelled): forget its audio."""
+        self._audio.pop(index, None)
+
+    async def _last_unit(
+        self, index: int, pieces: list[np.ndarray], text: str, text_start: int
+    ) -> tts_pb2.TimedUnit | None:
         if not pieces or not text.strip():
             return None
         samples = np.concatenate(pieces)
@@ -207,7 +227,7 @@ class Timestamper:
             self.language,
             _ALIGN_UNITS[self.unit],
             self.request_id,
-            self.time_remaining,
+            None if self._deadline is None else self._deadline - time.monotonic(),
         )
 
     async def _align(self, index: int, samples: np.ndarray, text: str, text_start: int) -> None:

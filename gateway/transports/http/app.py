@@ -7,7 +7,9 @@ not serving: starting up or shutting down):
 
 * ``POST /v1/audio/speech`` — OpenAI's speech body (+ our fields as ``extra_body``); ``model``
   names a served model (absent or "": the default; unknown: 404 listing them); the audio
-  streamed in the requested format, or OpenAI's server-sent events (``stream_format: "sse"``);
+  streamed in the requested format, or OpenAI's server-sent events (``stream_format: "sse"``),
+  or one JSON body with the audio in base64, its timestamps and the summary
+  (``stream_format: "json"``: for clients that want the audio and the word timings at once);
 * ``GET /v1/models`` and ``GET /v1/models/{id}`` — every served model with its type, size and
   capabilities;
 * ``/v1/audio/voices`` — list, register, read, change, export, import and delete voices
@@ -32,7 +34,7 @@ from typing import Any
 
 import grpc
 from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse, Response
 from google.protobuf.json_format import MessageToDict
 
 from tts_common.logging_setup import request_context
@@ -49,7 +51,7 @@ from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
 from .limits import BodySizeLimit
 from .schemas import SpeechRequest
 from .speech import speech_request
-from .streaming import SynthesisResponse, audio_bytes, sse_events
+from .streaming import SynthesisResponse, audio_bytes, json_body, sse_events
 from .voices import VOICES_PATH, voices_router
 from .websocket import STREAM_PATH, SpeechStream
 
@@ -90,7 +92,7 @@ class HttpApi:
         return self.callers.of(request.headers.items())
 
     # --- routes ---------------------------------------------------------------------------------
-    async def speech(self, body: Any, request: Request) -> SynthesisResponse:
+    async def speech(self, body: Any, request: Request) -> Response:
         received = time.monotonic()
         request_id = request_id_of(request, body.request_id)
         where = f"POST /v1/audio/speech [{request_id}]"
@@ -110,8 +112,19 @@ class HttpApi:
         }
         if body.stream_format == "sse":
             return SynthesisResponse(
-                sse_events(responses, where), responses, media_type=SSE_MEDIA_TYPE, headers=headers
+                sse_events(responses, where, metadata.sample_rate),
+                responses,
+                media_type=SSE_MEDIA_TYPE,
+                headers=headers,
             )
+        if body.stream_format == "json":
+            try:
+                with request_context(request_id):
+                    content = await json_body(responses, metadata, body.timestamps)
+            finally:
+                await responses.aclose()  # type: ignore[attr-defined]
+            count_ok()
+            return JSONResponse(content, headers=headers)
         media_type = RESPONSE_FORMATS[body.response_format].media_type
         return SynthesisResponse(
             audio_bytes(responses, where), responses, media_type=media_type, headers=headers
@@ -162,6 +175,7 @@ def model_object(info: tts_pb2.ModelInfo) -> dict[str, Any]:
             "voice_clone": info.voice_clone_supported,
             "instructions": info.instruct_supported,
             "voice_family": info.voice_family,
+            "timestamps": info.timestamps_supported,
         },
         "model_info": MessageToDict(info, preserving_proto_field_name=True),
     }
@@ -186,7 +200,7 @@ def create_app(api: HttpApi) -> FastAPI:
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(api.check_ready), Depends(api.check_key)])
 
     @v1.post("/audio/speech", response_class=SynthesisResponse)
-    async def create_speech(body: SpeechRequest, request: Request) -> SynthesisResponse:  # type: ignore[valid-type]
+    async def create_speech(body: SpeechRequest, request: Request) -> Response:  # type: ignore[valid-type]
         return await api.speech(body, request)
 
     @v1.get("/models")

@@ -9,7 +9,10 @@ from typing import Literal, get_args
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 FormatName = Literal["mp3", "opus", "aac", "flac", "wav", "pcm", "mulaw", "alaw"]
-StreamFormat = Literal["audio", "sse"]
+StreamFormat = Literal["audio", "sse", "json"]
+"""How ``POST /v1/audio/speech`` answers: the audio bytes as they come, OpenAI's server-sent
+events, or (ours) one JSON body once everything is spoken: the audio in base64 with the
+timestamps and the summary (:func:`gateway.transports.http.streaming.json_body`)."""
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,14 @@ TEXT_FEEDINGS: dict[str, int] = {
 }
 
 
+TimestampsName = Literal["none", "word", "character"]
+TIMESTAMP_UNITS: dict[str, int] = {
+    "none": tts_pb2.TIMESTAMP_UNIT_UNSPECIFIED,
+    "word": tts_pb2.TIMESTAMP_UNIT_WORD,
+    "character": tts_pb2.TIMESTAMP_UNIT_CHARACTER,
+}
+
+
 class VoiceRef(BaseModel):
     """OpenAI's custom-voice form of ``voice``: ``{"id": "voice-..."}``."""
 
@@ -62,6 +70,12 @@ class _SpeechRequestBase(BaseModel):
     sample_rate: int = Field(0, ge=0, le=2**31 - 1, description="Output rate; 0 = the format's default.")
     first_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
     max_chunk_frames: int = Field(0, ge=0, le=2**31 - 1)
+    timestamps: TimestampsName = Field(
+        "none",
+        description="Word (or character) timings of the audio (SynthesizeRequest.timestamps): "
+        "`speech.audio.timestamps` events (SSE, WebSocket), or in the body with stream_format `json`. "
+        "Needs the gateway's aligner stage (else 400, FAILED_PRECONDITION).",
+    )
 
 
 _INT_RANGES = {
@@ -101,4 +115,12 @@ SpeechRequest: type[_SpeechRequestBase] = create_model(  # type: ignore[call-ove
 """The body of ``POST /v1/audio/speech`` (unknown fields are rejected, naming them)."""
 
 
-__all__ = ["SAMPLING_FIELDS", "TEXT_FEEDINGS", "SpeechRequest", "TextFeedingName", "VoiceRef"]
+__all__ = [
+    "SAMPLING_FIELDS",
+    "TEXT_FEEDINGS",
+    "TIMESTAMP_UNITS",
+    "SpeechRequest",
+    "TextFeedingName",
+    "TimestampsName",
+    "VoiceRef",
+]

@@ -21,7 +21,7 @@ from tts_common.pb.qwen3tts.v1 import tts_pb2
 from ...core import Gateway
 from ...voice_library.records import VOICE_ID_PATTERN
 from .formats import RESPONSE_FORMATS
-from .schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, VoiceRef
+from .schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, TIMESTAMP_UNITS, VoiceRef
 
 
 def voice_name(voice: str | VoiceRef) -> str:
@@ -76,6 +76,7 @@ def synthesize_request(
         streaming=tts_pb2.StreamingOptions(
             first_chunk_frames=body.first_chunk_frames, max_chunk_frames=body.max_chunk_frames
         ),
+        timestamps=TIMESTAMP_UNITS[body.timestamps],
         **resolve_voice(voice_name(body.voice), info, aliases),
     )
 

@@ -1,5 +1,11 @@
 """Streaming a synthesis over HTTP: the encoded bytes as they are produced (chunked transfer), or
-OpenAI's server-sent events, and cancellation when the client goes away.
+OpenAI's server-sent events, and cancellation when the client goes away; or (``stream_format``
+``json``) one JSON body with the audio, its timestamps and the summary.
+
+Timestamps (``"timestamps": "word"`` or ``"character"``) reach HTTP clients as
+``speech.audio.timestamps`` objects (:func:`timestamps_event`): one per utterance, its ``words``
+(or ``characters``) each with ``text``, ``start`` and ``end`` in seconds of the audio as sent, and
+``char_start`` / ``char_end`` (code points of the input).
 
 The route takes the first response of ``SynthesisService.synthesize`` (the metadata: the request
 is validated, admitted and both stages are running) before it answers, so every request error
@@ -73,22 +79,55 @@ def summary_object(summary: Message) -> dict[str, object]:
     return result
 
 
+def unit_object(unit: tts_pb2.TimedUnit, sample_rate: int) -> dict[str, object]:
+    """One timed unit as JSON: its text, start and end in seconds of the audio as sent, its
+    span of the input."""
+    return {
+        "text": unit.text,
+        "start": unit.start_sample / sample_rate,
+        "end": unit.end_sample / sample_rate,
+        "char_start": unit.char_start,
+        "char_end": unit.char_end,
+    }
+
+
+def units_key(unit: int) -> str:
+    """The JSON key of a unit kind's list: ``words`` or ``characters``."""
+    return "characters" if unit == tts_pb2.TIMESTAMP_UNIT_CHARACTER else "words"
+
+
+def timestamps_event(message: tts_pb2.Timestamps, sample_rate: int) -> dict[str, object]:
+    """One utterance's timings as a ``speech.audio.timestamps`` object (``error`` set, and no
+    units, when the aligner could not time it)."""
+    event: dict[str, object] = {
+        "type": "speech.audio.timestamps",
+        "index": message.index,
+        units_key(message.unit): [unit_object(u, sample_rate) for u in message.units],
+    }
+    if message.error:
+        event["error"] = message.error
+    return event
+
+
 def sse_event(payload: Mapping[str, object]) -> bytes:
     """One server-sent event carrying ``payload`` as JSON."""
     return b"data: " + json.dumps(payload, separators=(",", ":")).encode() + b"\n\n"
 
 
-async def sse_events(responses: Responses, where: str) -> AsyncIterator[bytes]:
+async def sse_events(responses: Responses, where: str, sample_rate: int) -> AsyncIterator[bytes]:
     """OpenAI's speech events: ``speech.audio.delta`` (base64 audio in the requested format) per
-    chunk, then ``speech.audio.done`` with our ``summary`` (frames, audio seconds, time to first
-    audio, RTF, ...); a failure after the start is an ``error`` event with OpenAI's error
-    object."""
+    chunk, ``speech.audio.timestamps`` per utterance when asked for (between the deltas, as soon
+    as known; ``sample_rate``: the audio's), then ``speech.audio.done`` with our ``summary``
+    (frames, audio seconds, time to first audio, RTF, ...); a failure after the start is an
+    ``error`` event with OpenAI's error object."""
     try:
         async for response in responses:
             kind = response.WhichOneof("payload")
             if kind == "audio" and response.audio.data:
                 audio = base64.b64encode(response.audio.data).decode("ascii")
                 yield sse_event({"type": "speech.audio.delta", "audio": audio})
+            elif kind == "timestamps":
+                yield sse_event(timestamps_event(response.timestamps, sample_rate))
             elif kind == "summary":
                 yield sse_event({"type": "speech.audio.done", "summary": summary_object(response.summary)})
     except (asyncio.CancelledError, GeneratorExit):
@@ -100,6 +139,39 @@ async def sse_events(responses: Responses, where: str) -> AsyncIterator[bytes]:
         yield sse_event({"type": "error", **error.body()})
         return
     count(grpc.StatusCode.OK)
+
+
+async def json_body(
+    responses: Responses, metadata: tts_pb2.SynthesisMetadata, unit: str
+) -> dict[str, object]:
+    """The whole synthesis as one JSON object (``stream_format`` ``json``): ``audio`` (base64, in
+    the requested format), ``sample_rate``, ``request_id``, the ``words`` (or ``characters``,
+    ``unit`` being the request's ``timestamps``; in order, across every segment) when asked for,
+    ``timestamps_errors`` (segment index -> why it has no timings; empty when all have) and the
+    ``summary``. An error anywhere is the HTTP error (nothing was sent yet)."""
+    audio: list[bytes] = []
+    timings: list[tts_pb2.Timestamps] = []
+    summary = tts_pb2.SynthesisSummary()
+    async for response in responses:
+        kind = response.WhichOneof("payload")
+        if kind == "audio":
+            audio.append(response.audio.data)
+        elif kind == "timestamps":
+            timings.append(response.timestamps)
+        elif kind == "summary":
+            summary = response.summary
+    body: dict[str, object] = {
+        "audio": base64.b64encode(b"".join(audio)).decode("ascii"),
+        "sample_rate": metadata.sample_rate,
+        "request_id": metadata.request_id,
+    }
+    if unit != "none":
+        timings.sort(key=lambda t: t.index)
+        key = "characters" if unit == "character" else "words"
+        body[key] = [unit_object(u, metadata.sample_rate) for t in timings for u in t.units]
+        body["timestamps_errors"] = {str(t.index): t.error for t in timings if t.error}
+    body["summary"] = summary_object(summary)
+    return body
 
 
 class SynthesisResponse(StreamingResponse):
@@ -126,4 +198,14 @@ class SynthesisResponse(StreamingResponse):
             await self._responses.aclose()  # type: ignore[attr-defined]
 
 
-__all__ = ["SynthesisResponse", "audio_bytes", "sse_event", "sse_events", "summary_object"]
+__all__ = [
+    "SynthesisResponse",
+    "audio_bytes",
+    "json_body",
+    "sse_event",
+    "sse_events",
+    "summary_object",
+    "timestamps_event",
+    "unit_object",
+    "units_key",
+]

@@ -6,7 +6,8 @@ Client messages are JSON text frames, each with a ``type``:
 
 * ``config`` (first, once): the ``POST /v1/audio/speech`` body without ``input`` (``voice``,
   ``instructions``, ``response_format`` -- ``pcm`` by default here --, ``speed``, and our fields:
-  ``language``, ``seed`` and the other sampling fields, ``text_feeding``, chunk sizes), plus
+  ``language``, ``seed`` and the other sampling fields, ``text_feeding``, chunk sizes,
+  ``timestamps``: ``"word"`` or ``"character"``), plus
   ``api_key`` for clients that cannot set headers (browsers); ``model`` is optional (the
   default model);
 * ``text`` with ``"text": "..."``: the next piece of the text, split anywhere;
@@ -16,8 +17,11 @@ Client messages are JSON text frames, each with a ``type``:
 
 Server messages: a JSON ``metadata`` message (sample rate, encoding, request id, seed...), the
 audio as binary frames (the chunks' bytes in ``response_format``, concatenating to one stream),
-a JSON ``utterance_end`` per utterance, and a final JSON ``summary``, after which the server closes
-the socket (1000). A failure is a JSON ``error`` message (OpenAI's error object, as the HTTP API
+a JSON ``utterance_end`` per utterance, with ``timestamps`` a JSON ``speech.audio.timestamps``
+per utterance (its ``words`` or ``characters``: ``text``, ``start`` / ``end`` in seconds of the
+audio as sent, ``char_start`` / ``char_end`` in the streamed text; as soon as known, between later
+audio; a cancelled utterance's ``utterance_end`` names its ``last_unit`` sent whole, or null), and
+a final JSON ``summary``, after which the server closes the socket (1000). A failure is a JSON ``error`` message (OpenAI's error object, as the HTTP API
 answers it) and a close with code 4000 + the HTTP status (4400 bad input, 4401/4403 API key, 4404
 unknown voice, 4429 at capacity, 4503 unavailable, 4504 the text left idle too long).
 """
@@ -49,7 +53,7 @@ from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
 from .schemas import SpeechRequest
 from .speech import speech_request
-from .streaming import summary_object
+from .streaming import summary_object, timestamps_event, unit_object
 
 logger = logging.getLogger(__name__)
 
@@ -120,6 +124,8 @@ class SpeechStream:
         self.caller = NO_KEYS
         self.request_id = ""
         self.speed = 1.0
+        self.sample_rate = 0
+        """The audio's, from the metadata (for timestamps in seconds)."""
         self.closed_by_client = False
 
     async def messages(self) -> AsyncIterator[tts_pb2.StreamingSynthesizeRequest]:
@@ -214,11 +220,17 @@ class SpeechStream:
         elif kind == "metadata":
             metadata = MessageToDict(response.metadata, preserving_proto_field_name=True)
             metadata["seed"] = response.metadata.sampling.seed  # a number (proto JSON quotes it)
+            self.sample_rate = response.metadata.sample_rate
             await self.websocket.send_json({"type": "metadata", **metadata})
         elif kind == "utterance_end":
-            await self.websocket.send_json(
-                {"type": "utterance_end", **summary_object(response.utterance_end)}
+            end = response.utterance_end
+            message = {"type": "utterance_end", **summary_object(end)}
+            message["last_unit"] = (
+                unit_object(end.last_unit, self.sample_rate) if end.HasField("last_unit") else None
             )
+            await self.websocket.send_json(message)
+        elif kind == "timestamps":
+            await self.websocket.send_json(timestamps_event(response.timestamps, self.sample_rate))
         elif kind == "summary":
             await self.websocket.send_json({"type": "summary", "summary": summary_object(response.summary)})
 
