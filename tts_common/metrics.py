@@ -1,7 +1,7 @@
 """Prometheus metrics of every qwen3-tts-grpc process, defined in one place.
 
 All names start with ``qwen3tts_`` and carry a ``stage`` label (``gateway``, ``talker``,
-``decoder``, ``speaker``), so the four processes can be scraped into one dashboard and compared
+``decoder``, ``speaker``, ``aligner``), so the processes can be scraped into one dashboard and compared
 stage by stage. A gateway serving several models also counts its streams per model
 (``qwen3tts_model_*``, with a ``model`` label: the served name); a stage process serves one model,
 which its scrape target already says. Metrics live in prometheus_client's default registry; each process serves them
@@ -34,7 +34,8 @@ STAGE_GATEWAY = "gateway"
 STAGE_TALKER = "talker"
 STAGE_DECODER = "decoder"
 STAGE_SPEAKER = "speaker"
-STAGES = (STAGE_GATEWAY, STAGE_TALKER, STAGE_DECODER, STAGE_SPEAKER)
+STAGE_ALIGNER = "aligner"
+STAGES = (STAGE_GATEWAY, STAGE_TALKER, STAGE_DECODER, STAGE_SPEAKER, STAGE_ALIGNER)
 
 # Bucket boundaries chosen around the interesting ranges: streaming TTS aims at first audio
 # within a few hundred milliseconds and chunks every 80 ms .. 2 s.

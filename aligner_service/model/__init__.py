@@ -5,8 +5,17 @@ ids), :mod:`.audio_encoder` (features to audio embeddings), :mod:`.text_model` (
 model and the timestamp classifier), :mod:`.aligner` (one batched forward pass), :mod:`.loader`.
 """
 
-from .aligner import AlignInput, ForcedAligner
+from .aligner import ForcedAligner
 from .config import AlignerCheckpointError, AlignerConfig
+from .frontend import AlignInput, AlignInputError, AlignPrompt
 from .loader import load_aligner
 
-__all__ = ["AlignInput", "AlignerCheckpointError", "AlignerConfig", "ForcedAligner", "load_aligner"]
+__all__ = [
+    "AlignInput",
+    "AlignInputError",
+    "AlignPrompt",
+    "AlignerCheckpointError",
+    "AlignerConfig",
+    "ForcedAligner",
+    "load_aligner",
+]

@@ -46,7 +46,10 @@ def load_aligner(
     state = load_prefixed_state_dict(weights, WEIGHTS_PREFIX, dtype=dtype)
     with torch.device("meta"):
         thinker = AlignerThinker(config)
-    missing, unexpected = thinker.load_state_dict(state, strict=False, assign=True)
+    try:
+        missing, unexpected = thinker.load_state_dict(state, strict=False, assign=True)
+    except RuntimeError as exc:  # shape mismatches
+        raise AlignerCheckpointError(f"{weights}: {exc}") from exc
     if missing or unexpected:
         raise AlignerCheckpointError(
             f"{weights}: missing keys {sorted(missing)[:10]}, unexpected keys {sorted(unexpected)[:10]}"

@@ -32,13 +32,18 @@ STAGE_MODULES = {
     "talker_service": "talker",
     "decoder_service": "decoder",
     "speaker_service": "speaker",
+    "aligner_service": "aligner",
     "gateway": "gateway",
 }
 """``python -m MODULE`` → the stage name of the process (its ``FLAGS.stage``)."""
-DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
+DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054, "aligner": 50055}
 """The processes' built-in default ports (their ``DEFAULT_PORT``)."""
 MODEL_STAGES = ("talker", "decoder", "speaker")
+"""The stages that load the TTS checkpoint (and that every gateway targets)."""
+ALIGNER_STAGE = "aligner"
+"""The optional word-timing stage: it loads its own checkpoint (a Qwen3-ForcedAligner)."""
 MODEL_PATH = "/models/checkpoint"
+ALIGNER_MODEL_PATH = "/models/aligner"
 VOICES_PATH = "/var/lib/qwen3tts/voices"
 COMPILE_CACHE_PATH = "/var/cache/qwen3tts"
 """Where the image's TORCHINDUCTOR_CACHE_DIR and TRITON_CACHE_DIR live: a volume in the talker."""
@@ -46,6 +51,7 @@ PROCESS_FLAGS = {
     "talker": "talker_service.config",
     "decoder": "decoder_service.config",
     "speaker": "speaker_service.config",
+    "aligner": "aligner_service.config",
     "gateway": "gateway.config",
 }
 """The module defining each process's command line (its ``FLAGS``, a

@@ -70,12 +70,13 @@ DEPLOY = REPO / "deploy"
 OVERRIDE = HERE / "compose_engine.override.yml"
 FILES = ("docker-compose.yml", "docker-compose.cpu.yml", str(OVERRIDE))
 PROJECT = "qwen3-tts-compose-check"
-SERVERS = ("talker", "decoder", "speaker", "gateway")
+SERVERS = ("talker", "decoder", "speaker", "aligner", "gateway")
 METRICS = {
     "gateway": "127.0.0.1:9091",
     "talker": "talker:9092",
     "decoder": "decoder:9093",
     "speaker": "speaker:9094",
+    "aligner": "aligner:9095",
 }
 HEALTHY_TIMEOUT = 600.0
 FRAME_SAMPLES = 1920  # 80 ms at 24 kHz

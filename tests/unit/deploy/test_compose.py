@@ -43,6 +43,8 @@ from gateway.config import DEFAULT_HTTP_PORT
 from gateway.core.library import library_target
 from gateway.voice_library import SqliteVoiceLibrary, create_voice_library
 from tests.helpers.compose import (
+    ALIGNER_MODEL_PATH,
+    ALIGNER_STAGE,
     COMPILE_CACHE_PATH,
     COMPOSE_FILE,
     CPU_OVERRIDE,
@@ -259,9 +261,12 @@ def test_start_order(variant: tuple[str, dict[str, Any]]) -> None:
     assert set(gateway_deps) >= {by_stage[s] for s in MODEL_STAGES}
     # The checkpoint exists before any model stage starts.
     init = [n for n in services if n not in procs]
-    assert init == ["model-init"]
+    assert init == ["model-init", "aligner-init"]
     for stage in MODEL_STAGES:
         assert "model-init" in services[by_stage[stage]]["depends_on"]
+    # And the aligner's own checkpoint before the aligner (after the image is built).
+    assert "aligner-init" in services[by_stage[ALIGNER_STAGE]]["depends_on"]
+    assert "model-init" in services["aligner-init"]["depends_on"]
     # No cycles (Compose would refuse them).
     seen: dict[str, int] = {}
 
@@ -354,6 +359,7 @@ def test_model_volume(variant: tuple[str, dict[str, Any]]) -> None:
     declared = set(model.get("volumes") or {})
     procs = processes(model)
     sources = set()
+    aligner_sources = set()
     for name, svc in model["services"].items():
         for volume in svc.get("volumes") or []:
             if volume["type"] == "volume":
@@ -364,6 +370,16 @@ def test_model_volume(variant: tuple[str, dict[str, Any]]) -> None:
             assert flag_value(svc["command"], "--model") == MODEL_PATH
             assert mounts[MODEL_PATH]["read_only"], f"{name}: mount the model read-only"
             sources.add(mounts[MODEL_PATH]["source"])
+        elif stage == ALIGNER_STAGE or name == "aligner-init":
+            # Its own checkpoint, never the TTS one: read-only in the stage, written by its init.
+            assert MODEL_PATH not in mounts, name
+            if stage == ALIGNER_STAGE:
+                assert flag_value(svc["command"], "--model") == ALIGNER_MODEL_PATH
+                assert mounts[ALIGNER_MODEL_PATH]["read_only"]
+            else:
+                assert svc["command"] == ["init-aligner", ALIGNER_MODEL_PATH]
+                assert not mounts[ALIGNER_MODEL_PATH]["read_only"]
+            aligner_sources.add(mounts[ALIGNER_MODEL_PATH]["source"])
         elif stage == "gateway":
             assert set(mounts) == {VOICES_PATH}, "the gateway loads no model"
             assert not mounts[VOICES_PATH]["read_only"]
@@ -375,6 +391,7 @@ def test_model_volume(variant: tuple[str, dict[str, Any]]) -> None:
             assert not mounts[MODEL_PATH]["read_only"]
             sources.add(mounts[MODEL_PATH]["source"])
     assert len(sources) == 1, "every stage must load the same checkpoint"
+    assert len(aligner_sources) == 1 and aligner_sources != sources
 
 
 def test_the_talker_compile_cache_is_a_volume(variant: tuple[str, dict[str, Any]]) -> None:
@@ -402,10 +419,10 @@ def test_commands_parse_with_the_real_process_flags(variant: tuple[str, dict[str
         svc = model["services"][service]
         env = {k: v for k, v in (svc.get("environment") or {}).items() if v is not None}
         args = process_args(stage, svc["command"][3:], env)
-        if stage in MODEL_STAGES:
-            assert args.model == MODEL_PATH
+        if stage in (*MODEL_STAGES, ALIGNER_STAGE):
+            assert args.model == (ALIGNER_MODEL_PATH if stage == ALIGNER_STAGE else MODEL_PATH)
             assert args.device == ("cuda" if name == "gpu" else "cpu"), service
-            if name == "cpu":
+            if name == "cpu" or stage == ALIGNER_STAGE:  # the aligner: official numerics
                 assert args.dtype == "float32", service
         else:
             from gateway.config import gateway_config_from_args

@@ -38,8 +38,8 @@ REPO = Path(__file__).resolve().parents[3]
 DOCKERFILE = REPO / "deploy" / "Dockerfile"
 DOCKERIGNORE = REPO / ".dockerignore"
 ENTRYPOINT = REPO / "deploy" / "docker-entrypoint.sh"
-STAGE_PACKAGES = ("talker_service", "decoder_service", "speaker_service", "gateway")
-DEFAULT_PORTS = (50051, 50052, 50053, 50054)
+STAGE_PACKAGES = ("talker_service", "decoder_service", "speaker_service", "aligner_service", "gateway")
+DEFAULT_PORTS = (50051, 50052, 50053, 50054, 50055)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -301,9 +301,11 @@ def test_runtime_stage(instructions: list[Instruction]) -> None:
     assert any(i.keyword == "RUN" and re.search(r"apt-get install .*\btini\b", i.args) for i in runtime)
     env = " ".join(i.args for i in runtime if i.keyword == "ENV")
     assert "QWEN3TTS_MODEL=/models/checkpoint" in env
+    # The aligner's own checkpoint (QWEN3TTS_ALIGNER_MODEL wins over QWEN3TTS_MODEL for it).
+    assert "QWEN3TTS_ALIGNER_MODEL=/models/aligner" in env
     assert "PATH=/opt/venv/bin:$PATH" in env
     setup = " ".join(i.args for i in runtime if i.keyword == "RUN")
-    assert "mkdir -p /models/checkpoint" in setup and "chown -R app:app /models" in setup
+    assert "mkdir -p /models/checkpoint /models/aligner" in setup and "chown -R app:app /models" in setup
 
 
 def test_runtime_has_what_triton_compiles_with(instructions: list[Instruction]) -> None:
@@ -461,7 +463,7 @@ def test_entrypoint_script_is_valid_posix_sh() -> None:
     result = subprocess.run(["sh", "-n", str(ENTRYPOINT)], capture_output=True, text=True)
     assert result.returncode == 0, result.stderr
     assert "qwen3-tts make-dev-model" in text and "--if-missing" in text
-    for shortcut in ("talker", "decoder", "speaker", "gateway"):
+    for shortcut in ("talker", "decoder", "speaker", "aligner", "gateway"):
         assert re.search(rf"\b{shortcut}\b", text)
 
 
@@ -565,3 +567,40 @@ def test_entrypoint_stage_shortcuts(tmp_path: Path, fake_cli: tuple[dict[str, st
     assert result.stdout.strip() == "PYTHON -m talker_service --port 1"
     result = run_entrypoint(["gateway", "--port", "2"], env)
     assert result.stdout.strip() == "PYTHON -m gateway --port 2"
+
+
+def test_entrypoint_creates_the_dev_aligner_in_the_aligner_checkpoint(
+    tmp_path: Path, fake_cli: tuple[dict[str, str], Path]
+) -> None:
+    """The aligner stage (and ``init-aligner``) ensure the ALIGNER's checkpoint
+    (QWEN3TTS_ALIGNER_MODEL, not the TTS one) and create a random Qwen3-ForcedAligner there
+    (qwen3_tts.dev_aligner), never a TTS dev checkpoint."""
+    env, log = fake_cli
+    bin_dir = Path(env["PATH"].split(":")[0])
+    python = bin_dir / "python"  # records its calls; `-c CODE DIR` makes a fake checkpoint in DIR
+    python.write_text(
+        "#!/bin/sh\n"
+        f'echo "PYTHON $*" >> {log}\n'
+        'if [ "$1" = -c ]; then mkdir -p "$3" && echo {} > "$3/config.json"; else echo "STARTED $*"; fi\n'
+    )
+    python.chmod(0o755)
+    aligner = tmp_path / "aligner"
+    env = {**env, "QWEN3TTS_MODEL": str(tmp_path / "tts"), "QWEN3TTS_ALIGNER_MODEL": str(aligner)}
+    result = run_entrypoint(["aligner", "--port", "1"], env)
+    assert result.returncode == 0, result.stderr
+    assert "STARTED -m aligner_service --port 1" in result.stdout
+    assert (aligner / "config.json").exists() and not (tmp_path / "tts").exists()
+    (create,) = [line for line in log.read_text().splitlines() if "make_dev_aligner" in line]
+    assert create.endswith(f" {aligner}") and "if_missing=True" in create
+    assert "make-dev-model" not in log.read_text()
+    # Present now: not created again.
+    run_entrypoint(["aligner"], env)
+    assert sum("make_dev_aligner" in line for line in log.read_text().splitlines()) == 1
+    result = run_entrypoint(["init-aligner", str(tmp_path / "init")], env)
+    assert result.returncode == 0 and (tmp_path / "init" / "config.json").exists()
+    result = run_entrypoint(["init-aligner"], {**env, "QWEN3TTS_ALIGNER_MODEL": str(tmp_path / "m2")})
+    assert result.returncode == 0 and (tmp_path / "m2" / "config.json").exists()
+    result = run_entrypoint(
+        ["aligner"], {**env, "QWEN3TTS_ALIGNER_MODEL": str(tmp_path / "no"), "QWEN3TTS_DEV_MODEL": "never"}
+    )
+    assert result.returncode == 78 and "Qwen3-ForcedAligner" in result.stderr

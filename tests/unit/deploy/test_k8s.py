@@ -39,15 +39,22 @@ STAGE_MODULES = {
     "talker_service": "talker",
     "decoder_service": "decoder",
     "speaker_service": "speaker",
+    "aligner_service": "aligner",
     "gateway": "gateway",
 }
-DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
+DEFAULT_PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054, "aligner": 50055}
 MODEL_STAGES = ("talker", "decoder", "speaker")
+"""The stages that load the TTS checkpoint (QWEN3TTS_MODEL) and that the gateway targets."""
+ALIGNER = "aligner"
+"""The optional word-timing stage, on a GPU like the others, with its own checkpoint
+(QWEN3TTS_ALIGNER_MODEL, in the same models volume)."""
+GPU_STAGES = (*MODEL_STAGES, ALIGNER)
 HEALTH_SERVICES = {
     "gateway": service_name(tts_pb2, "TextToSpeech"),
     "talker": service_name(stages_pb2, "Talker"),
     "decoder": service_name(stages_pb2, "Decoder"),
     "speaker": service_name(stages_pb2, "Speaker"),
+    "aligner": service_name(stages_pb2, "Aligner"),
 }
 VOICES_DB_SECRET = "qwen3-tts-voices-db"
 """The Secret the gateway reads the voice library's URL and owner secret from (optional: it is
@@ -294,6 +301,11 @@ def test_args_parse_with_the_real_process_flags() -> None:
         if stage in MODEL_STAGES:
             assert args.model == configmap_env()["QWEN3TTS_MODEL"]
             assert args.device == "cuda"
+        elif stage == ALIGNER:
+            assert (
+                args.model == configmap_env()["QWEN3TTS_ALIGNER_MODEL"] != configmap_env()["QWEN3TTS_MODEL"]
+            )
+            assert args.device == "cuda" and args.dtype == "float32"
         else:
             from gateway.config import gateway_config_from_args
 
@@ -337,7 +349,7 @@ def test_gpu_requests() -> None:
         (container,) = pod["containers"]
         limits = container["resources"]["limits"]
         env = container_env(pod)
-        if stage in MODEL_STAGES:
+        if stage in GPU_STAGES:
             assert limits.get("nvidia.com/gpu") == 1, stage
             assert env[f"QWEN3TTS_{stage.upper()}_DEVICE"] == "cuda"
             assert any(t.get("key") == "nvidia.com/gpu" for t in pod.get("tolerations") or [])
@@ -359,8 +371,13 @@ def test_model_volume_and_configuration() -> None:
         mounts = {m["name"]: m for m in container.get("volumeMounts") or []}
         volumes = {v["name"]: v for v in pod.get("volumes") or []}
         assert set(mounts) <= set(volumes), stage
-        model_mounts = [m for m in mounts.values() if model_path.startswith(m["mountPath"])]
-        if stage in MODEL_STAGES:
+        if stage == ALIGNER:  # its own checkpoint, in the same read-only volume
+            model_mounts = [
+                m for m in mounts.values() if env["QWEN3TTS_ALIGNER_MODEL"].startswith(m["mountPath"])
+            ]
+        else:
+            model_mounts = [m for m in mounts.values() if model_path.startswith(m["mountPath"])]
+        if stage in GPU_STAGES:
             (mount,) = model_mounts
             assert mount["readOnly"], f"{stage}: mount the models read-only"
             assert model_path.startswith(mount["mountPath"].rstrip("/") + "/"), stage
@@ -427,7 +444,7 @@ def test_services() -> None:
         spec = service["spec"]
         selected = [n for n, pod in labels.items() if labels_match({"matchLabels": spec["selector"]}, pod)]
         assert selected == [stage], f"Service {stage} selects {selected}"
-        if stage in MODEL_STAGES:
+        if stage in GPU_STAGES:
             assert spec.get("clusterIP") == "None", f"{stage}: headless for per-pod balancing"
             assert not spec.get("publishNotReadyAddresses"), stage
         else:
@@ -513,7 +530,8 @@ def test_network_policies_reference_real_pods_and_ports() -> None:
     (rule,) = grpc_rules
     (peer,) = rule["from"]
     assert labels_match(peer["podSelector"], labels["gateway"])
-    assert not any(labels_match(peer["podSelector"], labels[s]) for s in MODEL_STAGES)
+    assert not any(labels_match(peer["podSelector"], labels[s]) for s in GPU_STAGES)
+    assert all(labels_match(stage_policy["spec"]["podSelector"], labels[s]) for s in GPU_STAGES)
 
 
 def test_configmap_names_are_read_by_some_process() -> None:

@@ -1,4 +1,4 @@
-"""The command lines of the four processes, pinned: deploy/ (compose, k8s, the image entrypoint)
+"""The command lines of the five processes, pinned: deploy/ (compose, k8s, the image entrypoint)
 and operators' environments use these flag names, environment variables and defaults, so a
 change to a config dataclass must not rename, drop or re-default any of them by accident."""
 
@@ -87,8 +87,9 @@ OWN: dict[str, dict[str, Any]] = {
     },
     "decoder": {**MODEL, "--max-streams": 64},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
+    "aligner": {**MODEL, "--max-batch-size": 8, "--batch-wait-ms": 5.0, "--max-audio-seconds": 0.0},
 }
-PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054}
+PORTS = {"gateway": 50051, "talker": 50052, "decoder": 50053, "speaker": 50054, "aligner": 50055}
 STAGE_ONLY_ENV = {"--port", "--metrics-port", "--http-port", "--voices-owner-secret"}
 """One QWEN3TTS_PORT shared by four processes on a host would make them collide; the voice owner
 secret is the gateway's alone."""
