@@ -6,7 +6,9 @@ one timing per word of its text: in the order of the text, monotonic, inside the
 its own segment), with character spans that tile the words (each span is its word's first to
 last letter, digit or apostrophe). The same through the ``openai`` SDK's SSE stream (the same
 timings, in seconds) and through the WebSocket (streamed text, several utterances, spans over the
-concatenated text). One stack for the module, a few requests.
+concatenated text). ``qwen3-tts say --captions`` writes the words as cues; offline
+``qwen3-tts synthesize --timestamps`` (the aligner in process) gives the gateway's timings. One
+stack for the module, a few requests.
 """
 
 from __future__ import annotations
@@ -79,11 +81,11 @@ def check_units(text: str, units: list[dict[str, Any]], audio_end: float) -> Non
 
 
 @pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, int]]:
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     """``qwen3-tts up`` with its defaults (dev checkpoints in a temporary --dev-model-dir), on
-    free ports: the gateway's gRPC and HTTP ports."""
+    free ports: the gateway's gRPC and HTTP ports, and the dev checkpoints' folder."""
     root = tmp_path_factory.mktemp("up")
-    ports = {"grpc": free_port(), "http": free_port()}
+    ports: dict[str, Any] = {"grpc": free_port(), "http": free_port(), "dev": root / "dev"}
     cmd = [
         sys.executable, "-m", "qwen3_tts.cli", "up", "--dev-model-dir", str(root / "dev"),
         "--port", str(ports["grpc"]), "--base-port", str(free_port()), "--http-port", str(ports["http"]),
@@ -114,7 +116,7 @@ def _grpc_request(text: str) -> tts_pb2.SynthesizeRequest:
 
 
 @pytest.fixture(scope="module")
-def grpc_result(stack: dict[str, int]) -> tuple[str, list[tts_pb2.SynthesizeResponse]]:
+def grpc_result(stack: dict[str, Any]) -> tuple[str, list[tts_pb2.SynthesizeResponse]]:
     text = long_text()
     with grpc.insecure_channel(f"127.0.0.1:{stack['grpc']}") as channel:
         responses = list(tts_pb2_grpc.TextToSpeechStub(channel).Synthesize(_grpc_request(text), timeout=300))
@@ -161,7 +163,7 @@ def test_grpc_multi_segment_word_timings(grpc_result: tuple[str, list[tts_pb2.Sy
 
 
 def test_openai_sse_stream_carries_the_same_timings(
-    stack: dict[str, int], grpc_result: tuple[str, list[tts_pb2.SynthesizeResponse]]
+    stack: dict[str, Any], grpc_result: tuple[str, list[tts_pb2.SynthesizeResponse]]
 ) -> None:
     """The same seeded request over HTTP SSE: ``speech.audio.timestamps`` events whose words are
     the gRPC units in seconds (the same audio, so the same alignment)."""
@@ -200,7 +202,7 @@ def test_openai_sse_stream_carries_the_same_timings(
         assert word["end"] == pytest.approx(unit.end_sample / SAMPLE_RATE, abs=1e-3)
 
 
-def test_websocket_streamed_text_timings(stack: dict[str, int]) -> None:
+def test_websocket_streamed_text_timings(stack: dict[str, Any]) -> None:
     """Streamed text over the WebSocket, three utterances (flush), split inside words: one
     ``speech.audio.timestamps`` message per utterance; together one timing per word of the
     concatenated text, spans over it."""
@@ -244,7 +246,7 @@ def test_websocket_streamed_text_timings(stack: dict[str, int]) -> None:
     assert messages[-1]["type"] == "summary"
 
 
-def test_say_writes_captions(stack: dict[str, int], tmp_path: Path) -> None:
+def test_say_writes_captions(stack: dict[str, Any], tmp_path: Path) -> None:
     """``qwen3-tts say --captions``: the words of the text in SubRip cues, in order."""
     text = " ".join(SENTENCES[:3])
     out = tmp_path / "out.srt"
@@ -259,3 +261,40 @@ def test_say_writes_captions(stack: dict[str, int], tmp_path: Path) -> None:
     blocks = out.read_text(encoding="utf-8").strip().split("\n\n")
     assert [b.split("\n")[0] for b in blocks] == [str(n) for n in range(1, len(blocks) + 1)]
     assert " ".join(b.split("\n", 2)[2] for b in blocks).split() == text.split()
+
+
+def test_offline_synthesize_writes_the_gateway_s_timings(
+    stack: dict[str, Any], grpc_result: tuple[str, list[tts_pb2.SynthesizeResponse]], tmp_path: Path
+) -> None:
+    """``qwen3-tts synthesize --timestamps``: the same request offline (same audio, segment by
+    segment) with the aligner in process gives the gateway's timings, in seconds."""
+    text, responses = grpc_result
+    out = tmp_path / "t.json"
+    proc = subprocess.run(
+        [
+            sys.executable, "-m", "qwen3_tts.cli", "synthesize", "--model", str(stack["dev"] / "voice_design"),
+            "--text", text, "--instruct", "A calm, clear voice.", "--language", "English",
+            "--seed", str(SEED), "--max-new-tokens", str(FRAMES_PER_SEGMENT),
+            "--out", str(tmp_path / "o.wav"), "--timestamps", str(out),
+            "--aligner-model", str(stack["dev"] / "forced_aligner"),
+        ],
+        check=True, timeout=300, capture_output=True, text=True,
+    )  # fmt: skip
+    document = json.loads(out.read_text(encoding="utf-8"))
+    assert document["text"] == text
+    summary = responses[-1].summary
+    assert document["duration"] * SAMPLE_RATE == pytest.approx(summary.num_samples), (
+        [(s.text_start, s.text_end, s.num_samples, s.seed) for s in summary.segments],
+        proc.stdout,
+    )
+    check_units(text, document["words"], document["duration"])
+    units = sorted(
+        (u for r in responses if r.WhichOneof("payload") == "timestamps" for u in r.timestamps.units),
+        key=lambda u: u.char_start,
+    )
+    assert [(w["text"], w["char_start"], w["char_end"]) for w in document["words"]] == [
+        (u.text, u.char_start, u.char_end) for u in units
+    ]
+    for word, unit in zip(document["words"], units):
+        assert word["start"] == pytest.approx(unit.start_sample / SAMPLE_RATE, abs=1e-3)
+        assert word["end"] == pytest.approx(unit.end_sample / SAMPLE_RATE, abs=1e-3)
