@@ -154,7 +154,8 @@ class Batcher(Generic[ItemT, ResultT]):
             if len(batch) > 1:
                 logger.info("a batch of %d failed (%s); running its utterances one by one", len(batch), exc)
                 for job in batch:
-                    await self._run([job])
+                    if not job.future.done():  # its caller may have given up meanwhile
+                        await self._run([job])
                 return
             _settle(batch[0].future, exc=exc)
             return

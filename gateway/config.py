@@ -322,6 +322,17 @@ class GatewayConfig:
     """Largest HTTP request body (JSON requests) in bytes, else 413; a voice upload
     (``POST /v1/audio/voices``) may be ``max_ref_audio_bytes`` larger."""
 
+    http_max_header_bytes: int = field(default=16 * 1024, metadata=_POSITIVE_INT)
+    """Largest request head (request line and headers) of an HTTP request, in bytes, else 431
+    (common proxies' default)."""
+
+    http_max_headers: int = field(default=100, metadata=_POSITIVE_INT)
+    """Most header fields in an HTTP request, else 431 (common proxies' default)."""
+
+    websocket_config_timeout_seconds: float = field(default=10.0, metadata=_POSITIVE_FLOAT)
+    """How long a WebSocket connection may stay open without sending its ``config`` message (and
+    so without authenticating, where it brings its key there): then it is closed with 1008."""
+
     voice_alias: tuple[tuple[str, str], ...] = field(default=(), metadata=flag(parse=parse_voice_aliases))
     """HTTP ``voice`` aliases for clients that only offer OpenAI's voice names: ``ALIAS=VOICE``
     pairs (e.g. ``alloy=vivian,echo=voice-0123``), VOICE a preset speaker or a registered

@@ -93,7 +93,10 @@ def decode_audio_file(data: bytes, limits: AudioLimits = AudioLimits()) -> tuple
     except AudioError:
         raise
     except Exception as exc:  # soundfile raises LibsndfileError/RuntimeError/TypeError
-        raise AudioError(f"could not decode audio file ({len(data)} bytes): {exc}") from exc
+        # Only libsndfile's own reason: soundfile's message names its file object (a repr with
+        # a heap address), and this message reaches API clients.
+        reason = getattr(exc, "error_string", "") or "not a supported audio format"
+        raise AudioError(f"could not decode audio file ({len(data)} bytes): {reason}") from exc
     _check_frames(samples.shape[0], sample_rate, limits)
     return samples, sample_rate
 

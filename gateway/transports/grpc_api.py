@@ -24,6 +24,7 @@ from ..core import Gateway
 from ..synthesis.text_cutter import read_config
 from ..voice_library import Caller
 from .auth import ApiKeyInterceptor, Callers
+from .grpc_parsing import add_servicer
 
 SERVICE_NAME = service_name(tts_pb2, "TextToSpeech")
 
@@ -182,7 +183,8 @@ def server_setup(
         kwargs["credentials"] = credentials
 
     def add_servicers(server: grpc.aio.Server) -> None:
-        tts_pb2_grpc.add_TextToSpeechServicer_to_server(servicer, server)
+        # Not tts_pb2_grpc's registration: requests that do not parse are INVALID_ARGUMENT.
+        add_servicer(server, tts_pb2.DESCRIPTOR.services_by_name["TextToSpeech"], servicer, STAGE)
 
     return add_servicers, kwargs
 

@@ -16,6 +16,8 @@ import grpc
 
 from tts_common import metrics
 from tts_common.errors import TTSError
+from tts_common.logging_setup import current_request_id
+from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY, check_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -49,11 +51,36 @@ def grpc_status_for(exc: BaseException) -> grpc.StatusCode:
     return grpc.StatusCode.INTERNAL
 
 
-def _details_for(exc: BaseException, code: grpc.StatusCode) -> str:
+def _details_for(exc: BaseException, code: grpc.StatusCode, context: grpc.aio.ServicerContext) -> str:
+    """What the client is told: an internal error's details are the request id to quote only
+    (the exception and its traceback go to the log), never a class name, repr or path."""
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.details() or code.name
-    text = str(exc) or type(exc).__name__
-    return f"internal error: {type(exc).__name__}: {text}" if code is grpc.StatusCode.INTERNAL else text
+    if code is grpc.StatusCode.INTERNAL:
+        request_id = current_request_id() or _metadata_request_id(context)
+        where = f" (request id {request_id})" if request_id else ""
+        return f"internal error{where}; the details are in the server log"
+    return str(exc) or code.name.lower()
+
+
+def _metadata_request_id(context: grpc.aio.ServicerContext) -> str | None:
+    try:
+        metadata = context.invocation_metadata() or ()
+    except Exception:  # noqa: BLE001 - a context without metadata: no id to name
+        return None
+    for key, value in metadata:
+        if key == REQUEST_ID_METADATA_KEY and value:
+            text = value if isinstance(value, str) else value.decode("utf-8", "replace")
+            return text if _acceptable(text) else None
+    return None
+
+
+def _acceptable(request_id: str) -> bool:
+    try:
+        check_request_id(request_id)
+    except TTSError:
+        return False
+    return True
 
 
 async def abort_for_exception(context: grpc.aio.ServicerContext, exc: BaseException) -> NoReturn:
@@ -61,9 +88,9 @@ async def abort_for_exception(context: grpc.aio.ServicerContext, exc: BaseExcept
     matching status (:func:`grpc_status_for`) and its retry hint (:func:`retry_after_seconds`,
     trailing metadata ``retry-after``). Never returns."""
     code = grpc_status_for(exc)
-    details = _details_for(exc, code)
+    details = _details_for(exc, code, context)
     if code is grpc.StatusCode.INTERNAL:
-        logger.error("RPC failed: %s", details, exc_info=exc)
+        logger.error("RPC failed: %s: %r", details, exc, exc_info=exc)
     else:
         logger.info("RPC failed: %s: %s", code.name, details)
     retry_after = retry_after_seconds(exc)

@@ -2,8 +2,13 @@
 transport-free core (:class:`gateway.core.Gateway`), so model choice, validation, admission,
 voices and metrics are the gRPC API's own.
 
-Routes (``/v1`` needs the API key when keys are configured, and answers 503 while the process is
-not serving: starting up or shutting down):
+Before any route: a request framed with both ``Content-Length`` and ``Transfer-Encoding`` is 400,
+an oversized head 431 (:class:`.limits.RequestFraming`); then ``/v1`` needs the API key when keys
+are configured and answers 503 while the process is not serving (starting up or shutting down),
+both decided from the headers before the body is read (:class:`.access.AccessGate`); then the
+body's size (413). ``/openapi.json`` describes every route as it behaves (:mod:`.openapi`).
+
+Routes:
 
 * ``POST /v1/audio/speech`` — OpenAI's speech body (+ our fields as ``extra_body``); ``model``
   names a served model (absent or "": the default; unknown: 404 listing them); the audio
@@ -33,7 +38,8 @@ from importlib import resources
 from typing import Any
 
 import grpc
-from fastapi import APIRouter, Depends, FastAPI, Request, WebSocket
+from fastapi import APIRouter, FastAPI, Request, WebSocket
+from fastapi.requests import HTTPConnection
 from fastapi.responses import HTMLResponse, JSONResponse, Response
 from google.protobuf.json_format import MessageToDict
 
@@ -45,10 +51,12 @@ from ...config import GatewayConfig
 from ...core import Gateway
 from ...voice_library import Caller
 from ..auth import ApiKeys, Callers
+from .access import AccessGate
 from .connection import check_ready, request_id_of
-from .errors import count, install_error_handlers
+from .errors import count, error_responses, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
-from .limits import BodySizeLimit
+from .limits import BodySizeLimit, RequestFraming
+from .openapi import install_openapi, speech_responses
 from .schemas import SpeechRequest
 from .speech import speech_request
 from .streaming import SynthesisResponse, audio_bytes, json_body, sse_events
@@ -77,18 +85,16 @@ class HttpApi:
         self.health: ServingHealth | None = None
         """Set when the server starts (None: always ready, for embedding in tests)."""
 
-    # --- dependencies of the /v1 routes ---------------------------------------------------------
-    def check_ready(self) -> None:
-        """UNAVAILABLE (503) unless the process is serving."""
+    # --- the gate of the /v1 routes (:class:`.access.AccessGate`: before the body is read) -----
+    def check_access(self, connection: HTTPConnection) -> None:
+        """UNAVAILABLE (503) unless the process is serving; then UNAUTHENTICATED (401) /
+        PERMISSION_DENIED (403) unless the request carries a valid key."""
         check_ready(self.health)
-
-    def check_key(self, request: Request) -> None:
-        """UNAUTHENTICATED (401) / PERMISSION_DENIED (403) unless the request carries a key."""
         if self.keys is not None:
-            self.keys.authenticate(request.headers.items(), "header")
+            self.keys.authenticate(connection.headers.items(), "header")
 
     def caller(self, request: Request) -> Caller:
-        """Whose request it is (its API key, accepted by :meth:`check_key`)."""
+        """Whose request it is (its API key, accepted by :meth:`check_access`)."""
         return self.callers.of(request.headers.items())
 
     # --- routes ---------------------------------------------------------------------------------
@@ -186,20 +192,33 @@ def create_app(api: HttpApi) -> FastAPI:
     app = FastAPI(
         title="qwen3-tts OpenAI-compatible API",
         version="1",
+        description="OpenAI's speech API (plus our fields) over Qwen3-TTS, and a voice library. "
+        "Every error is OpenAI's error object. Where API keys are configured, /v1 needs "
+        "`authorization: Bearer KEY` or `x-api-key: KEY`, checked before the body is read. "
+        "Not described here (OpenAPI has no WebSockets): `WebSocket /v1/audio/speech/stream`, text "
+        "in as it is written and audio out as it is spoken (the key as a handshake header, or "
+        '`api_key` in the first `{"type": "config"}` message, due within --websocket-config-timeout-seconds, default 10 s).',
         docs_url="/docs",
         redoc_url=None,
     )
     app.state.api = api
     install_error_handlers(app)
+    install_openapi(app, keys=api.keys is not None)
     config = api.config
     app.add_middleware(
         BodySizeLimit,
         default_limit=config.http_max_body_bytes,
         limits={("POST", VOICES_PATH): config.http_max_body_bytes + config.max_ref_audio_bytes},
     )
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(api.check_ready), Depends(api.check_key)])
+    # Outside in: the request's framing and head, readiness and the key, then the body's size.
+    app.add_middleware(AccessGate, check=api.check_access)
+    app.add_middleware(
+        RequestFraming, max_headers=config.http_max_headers, max_head_bytes=config.http_max_header_bytes
+    )
+    v1 = APIRouter(prefix="/v1", responses=error_responses())
 
-    @v1.post("/audio/speech", response_class=SynthesisResponse)
+    # status_code: FastAPI cannot read it off SynthesisResponse (its __init__ has none).
+    @v1.post("/audio/speech", response_class=SynthesisResponse, status_code=200, responses=speech_responses())
     async def create_speech(body: SpeechRequest, request: Request) -> Response:  # type: ignore[valid-type]
         return await api.speech(body, request)
 
@@ -217,7 +236,15 @@ def create_app(api: HttpApi) -> FastAPI:
     @app.websocket(STREAM_PATH)
     async def speech_stream(websocket: WebSocket) -> None:
         # Readiness and the API key are checked on the connection (errors as close codes).
-        await SpeechStream(websocket, api.gateway, api.aliases, api.keys, api.health, api.callers).run()
+        await SpeechStream(
+            websocket,
+            api.gateway,
+            api.aliases,
+            api.keys,
+            api.health,
+            api.callers,
+            config_timeout=config.websocket_config_timeout_seconds,
+        ).run()
 
     page = playground_html()
 
@@ -225,7 +252,7 @@ def create_app(api: HttpApi) -> FastAPI:
     async def playground() -> HTMLResponse:
         return HTMLResponse(page, headers={"cache-control": "no-cache"})
 
-    @app.get("/health")
+    @app.get("/health", responses={503: {"description": "Not serving (starting, stopping, a stage down)."}})
     async def health() -> JSONResponse:
         return api.health_response()
 

@@ -15,7 +15,8 @@ deadline. ``code`` is the gRPC status name in lower case.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+import re
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +24,7 @@ import grpc
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
 from starlette.exceptions import HTTPException
 
 from tts_common import metrics
@@ -30,6 +32,7 @@ from tts_common.errors import PayloadTooLargeError, TTSError
 from tts_common.serving.rpc_errors import grpc_status_for, retry_after_seconds
 
 from ...config import STAGE
+from .connection import known_request_id
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ ERROR_TYPES: dict[int, str] = {
     404: "not_found_error",
     409: "conflict_error",
     413: "invalid_request_error",
+    431: "invalid_request_error",
     429: "rate_limit_error",
     499: "cancelled",
     501: "not_implemented_error",
@@ -74,7 +78,54 @@ RETRY_AFTER_SECONDS = 1
 
 # The HTTP statuses of gRPC-less failures (routing, body parsing), by their gRPC counterpart.
 _GRPC_FOR_HTTP = {status: code for code, status in HTTP_STATUS.items() if code is not grpc.StatusCode.ABORTED}
-_GRPC_FOR_HTTP.update({405: grpc.StatusCode.UNIMPLEMENTED, 413: grpc.StatusCode.INVALID_ARGUMENT})
+_GRPC_FOR_HTTP.update(
+    {
+        405: grpc.StatusCode.UNIMPLEMENTED,
+        413: grpc.StatusCode.INVALID_ARGUMENT,
+        431: grpc.StatusCode.INVALID_ARGUMENT,
+    }
+)
+
+
+class ErrorObject(BaseModel):
+    """OpenAI's error object."""
+
+    message: str = Field(description="What went wrong (for a server error: the request id to quote).")
+    type: str = Field(description="OpenAI's error type, e.g. invalid_request_error, rate_limit_error.")
+    param: str | None = Field(description="The offending request field, where one is to blame.")
+    code: str = Field(description="The gRPC status name in lower case, e.g. invalid_argument.")
+
+
+class ErrorBody(BaseModel):
+    """Every error answer's body (OpenAI's shape)."""
+
+    error: ErrorObject
+
+
+ERROR_STATUSES: dict[int, str] = {
+    400: "Invalid request: a field, the body, its framing or its text (names the field).",
+    401: "No API key (API keys configured).",
+    403: "Unknown API key.",
+    404: "Unknown model, voice or route.",
+    413: "Request body too large.",
+    429: "At capacity (Retry-After).",
+    431: "Request headers too large or too many.",
+    500: "Internal error (the message names the request id; details are in the server log).",
+    503: "Not serving, or a stage or the voice database unavailable (Retry-After).",
+    504: "Deadline exceeded.",
+}
+"""The error statuses every ``/v1`` route can answer, described once for the OpenAPI document."""
+
+
+def error_responses(*extra: int) -> dict[int | str, dict[str, Any]]:
+    """The OpenAPI ``responses`` entries of the error answers (:data:`ERROR_STATUSES` plus
+    ``extra`` statuses, and ``default`` for any other, e.g. 405): all :class:`ErrorBody`."""
+    descriptions = {**ERROR_STATUSES, **{s: ERROR_TYPES.get(s, "error") for s in extra}}
+    responses: dict[int | str, dict[str, Any]] = {
+        status: {"model": ErrorBody, "description": text} for status, text in sorted(descriptions.items())
+    }
+    responses["default"] = {"model": ErrorBody, "description": "Any other error."}
+    return responses
 
 
 @dataclass(frozen=True)
@@ -109,26 +160,54 @@ def _with_retry_after(status: int, exc: BaseException | None = None) -> dict[str
     return {"Retry-After": str(RETRY_AFTER_SECONDS)} if status in (429, 503) else {}
 
 
-def http_error(exc: BaseException) -> HttpError:
-    """The HTTP status, message and headers of ``exc`` (any exception)."""
+INTERNAL_CODES = frozenset({grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN, grpc.StatusCode.DATA_LOSS})
+"""Statuses whose details are internals (a bug here or in a stage): never shown to a client."""
+
+
+def internal_message(request_id: str | None) -> str:
+    """What a client is told about an internal error: the request id to quote, nothing else."""
+    where = f" (request id {request_id})" if request_id else ""
+    return f"internal error{where}; the details are in the server log"
+
+
+def http_error(exc: BaseException, request_id: str | None = None) -> HttpError:
+    """The HTTP status, message and headers of ``exc`` (any exception). An internal error's
+    message is :func:`internal_message` (``request_id``: the id the log has it under): no class
+    name, repr, path or traceback of it reaches the client."""
     if isinstance(exc, RequestValidationError):
         return validation_error(exc.errors())
     if isinstance(exc, HTTPException):
         code = _GRPC_FOR_HTTP.get(exc.status_code, grpc.StatusCode.UNKNOWN)
+        message = str(exc.detail) if exc.status_code < 500 else internal_message(request_id)
         return HttpError(
             exc.status_code,
             code,
-            str(exc.detail),
+            message,
             headers={**(exc.headers or {}), **_with_retry_after(exc.status_code)},
         )
     code = grpc_status_for(exc)
     status = 413 if isinstance(exc, PayloadTooLargeError) else HTTP_STATUS[code]
-    if isinstance(exc, grpc.aio.AioRpcError):
-        message = exc.details() or code.name
+    if code in INTERNAL_CODES:
+        stage = getattr(exc, "stage", None)  # a stage's failure (StageError) names the stage
+        message = (f"{stage} stage: " if isinstance(stage, str) else "") + internal_message(request_id)
+    elif isinstance(exc, grpc.aio.AioRpcError):
+        message = exc.details() or code.name.lower()
     else:
-        text = str(exc) or type(exc).__name__
-        message = f"internal error: {type(exc).__name__}: {text}" if status == 500 else text
+        message = str(exc) or code.name.lower()
     return HttpError(status, code, message, headers=_with_retry_after(status, exc))
+
+
+def client_message(error: Mapping[str, Any]) -> str:
+    """A pydantic error's message, without the Python in it (a ``<class 'str'>``, a class name)."""
+    message = str(error.get("msg", "invalid value")).removeprefix("Value error, ")
+    if error.get("type") == "extra_forbidden":
+        return "unknown field"
+    if "UploadFile" in message:
+        return "expected a file (a multipart part with a filename)"
+    return _PYTHON_CLASS.sub(r"\1", message)
+
+
+_PYTHON_CLASS = re.compile(r"<class '(?:[\w.]*\.)?(\w+)'>")
 
 
 def validation_error(errors: Sequence[Any]) -> HttpError:
@@ -139,9 +218,7 @@ def validation_error(errors: Sequence[Any]) -> HttpError:
         location = [str(p) for p in error.get("loc", ()) if p not in ("body", "query", "path")]
         name = ".".join(location)
         params.append(name or None)
-        message = error.get("msg", "invalid value")
-        if error.get("type") == "extra_forbidden":
-            message = "unknown field"
+        message = client_message(error)
         parts.append(f"{name}: {message}" if name else message)
     return HttpError(
         400,
@@ -152,10 +229,11 @@ def validation_error(errors: Sequence[Any]) -> HttpError:
 
 
 def log_and_count(error: HttpError, exc: BaseException | None, where: str) -> None:
-    """Log a failed request (internal errors with their traceback) and count its final status
-    in ``qwen3tts_requests_total`` (the same counter and labels as gRPC)."""
-    if error.status >= 500 and error.grpc_code in (grpc.StatusCode.INTERNAL, grpc.StatusCode.UNKNOWN):
-        logger.error("%s failed: %s", where, error.message, exc_info=exc)
+    """Log a failed request (internal errors with what they were and their traceback: only the
+    log has them) and count its final status in ``qwen3tts_requests_total`` (the same counter
+    and labels as gRPC)."""
+    if error.grpc_code in INTERNAL_CODES:
+        logger.error("%s failed: %s: %r", where, error.message, exc, exc_info=exc)
     else:
         logger.info("%s failed: %d %s: %s", where, error.status, error.grpc_code.name, error.message)
     count(error.grpc_code)
@@ -171,9 +249,12 @@ def install_error_handlers(app: FastAPI) -> None:
     an OpenAI error response."""
 
     async def handle(request: Request, exc: Exception) -> JSONResponse:
-        error = http_error(exc)
-        log_and_count(error, exc, f"{request.method} {request.url.path}")
-        return error.response()
+        request_id = known_request_id(request)
+        error = http_error(exc, request_id)
+        log_and_count(error, exc, f"{request.method} {request.url.path} [{request_id}]")
+        response = error.response()
+        response.headers["x-request-id"] = request_id
+        return response
 
     app.add_exception_handler(RequestValidationError, handle)
     app.add_exception_handler(HTTPException, handle)
@@ -184,12 +265,17 @@ def install_error_handlers(app: FastAPI) -> None:
 
 
 __all__ = [
+    "ERROR_STATUSES",
     "ERROR_TYPES",
     "HTTP_STATUS",
+    "ErrorBody",
+    "ErrorObject",
     "RETRY_AFTER_SECONDS",
     "HttpError",
     "count",
+    "error_responses",
     "http_error",
+    "internal_message",
     "install_error_handlers",
     "log_and_count",
     "validation_error",

@@ -14,10 +14,12 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from google.protobuf.descriptor import FieldDescriptor
-from pydantic import BaseModel, ConfigDict, Field, create_model
+from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
+from pydantic_core import PydanticCustomError
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
+from ..text import text_problem
 from .formats import FormatName, StreamFormat
 
 TextFeedingName = Literal["default", "non_streaming", "streaming"]
@@ -36,14 +38,28 @@ TIMESTAMP_UNITS: dict[str, int] = {
 }
 
 
-class VoiceRef(BaseModel):
+class ApiBody(BaseModel):
+    """Base of every JSON body and message of the HTTP API: each field's text is checked
+    (:func:`~gateway.transports.text.text_problem`: a lone surrogate is 400 naming the field,
+    before any of it reaches a protobuf message or the voice database)."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _valid_text(cls, value: Any) -> Any:
+        problem = text_problem(value)
+        if problem is not None:
+            raise PydanticCustomError("invalid_text", problem)
+        return value
+
+
+class VoiceRef(ApiBody):
     """OpenAI's custom-voice form of ``voice``: ``{"id": "voice-..."}``."""
 
     model_config = ConfigDict(extra="forbid")
     id: str
 
 
-class _SpeechRequestBase(BaseModel):
+class _SpeechRequestBase(ApiBody):
     """OpenAI's body and the fields mirroring ``SynthesizeRequest`` (sampling fields are added
     by :data:`SpeechRequest`)."""
 
@@ -119,6 +135,7 @@ __all__ = [
     "SAMPLING_FIELDS",
     "TEXT_FEEDINGS",
     "TIMESTAMP_UNITS",
+    "ApiBody",
     "SpeechRequest",
     "TextFeedingName",
     "TimestampsName",

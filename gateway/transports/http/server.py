@@ -25,6 +25,7 @@ from tts_common.serving.health import ServingHealth
 from ...config import GatewayConfig
 from ...core import Gateway
 from .app import HttpApi, create_app
+from .limits import PARSER_HEAD_FACTOR
 
 logger = logging.getLogger(__name__)
 
@@ -89,6 +90,8 @@ class HttpServer:
                 log_config=None,  # the process's logging setup
                 access_log=False,
                 server_header=False,
+                http="h11",  # the parser the head limits are made for (never httptools if installed)
+                h11_max_incomplete_event_size=config.http_max_header_bytes * PARSER_HEAD_FACTOR,
                 ws="websockets-sansio",  # /v1/audio/speech/stream (websockets' current API)
                 ws_max_size=config.http_max_body_bytes,  # one text message at most like a body
                 **tls,  # type: ignore[arg-type]

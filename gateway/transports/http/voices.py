@@ -40,6 +40,8 @@ from ...voice_library import DOCUMENT_FORMAT, DOCUMENT_VERSION, Caller
 from ...voice_library.library import MAX_PAGE_SIZE
 from .connection import request_id_of
 from .errors import count
+from .forms import Utf8FormRoute
+from .schemas import ApiBody
 
 VOICES_PATH = "/v1/audio/voices"
 
@@ -120,7 +122,7 @@ class VoiceDeleted(BaseModel):
 
 
 # --- request bodies --------------------------------------------------------------------------
-class VoicePatchBody(BaseModel):
+class VoicePatchBody(ApiBody):
     """``PATCH /v1/audio/voices/{id}``: the fields to change (absent or null: unchanged)."""
 
     model_config = ConfigDict(extra="forbid")
@@ -129,14 +131,14 @@ class VoicePatchBody(BaseModel):
     labels: dict[str, str] | None = Field(None, description="Replaces every label ({} removes them all).")
 
 
-class RefCodesObject(BaseModel):
+class RefCodesObject(ApiBody):
     model_config = ConfigDict(strict=True)
     num_frames: int = Field(ge=0)
     num_codebooks: int = Field(ge=0)
     values: list[int] = Field(description="Frame-major.")
 
 
-class DocumentVoice(BaseModel):
+class DocumentVoice(ApiBody):
     """The voice of a document; the library checks every value (limits, sizes)."""
 
     model_config = ConfigDict(strict=True)
@@ -158,7 +160,7 @@ class DocumentVoice(BaseModel):
     ref_codes: RefCodesObject | None = None
 
 
-class VoiceDocument(BaseModel):
+class VoiceDocument(ApiBody):
     """A voice moving between deployments (``ExportVoice``): embedding, reference codes,
     transcript and metadata; not its owner."""
 
@@ -304,7 +306,7 @@ def voices_router(
 ) -> APIRouter:
     """The voice routes over ``gateway`` (``aliases``: the ``--voice-alias`` table;
     ``caller_of``: whose request it is, from its headers)."""
-    router = APIRouter(tags=["voices"])
+    router = APIRouter(tags=["voices"], route_class=Utf8FormRoute)
     voices = gateway.voices
     # A default, not Annotated[...]: annotations are strings here, and this one is a local.
     caller_dependency = Depends(caller_of)

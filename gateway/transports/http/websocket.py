@@ -24,10 +24,16 @@ audio; a cancelled utterance's ``utterance_end`` names its ``last_unit`` sent wh
 a final JSON ``summary``, after which the server closes the socket (1000). A failure is a JSON ``error`` message (OpenAI's error object, as the HTTP API
 answers it) and a close with code 4000 + the HTTP status (4400 bad input, 4401/4403 API key, 4404
 unknown voice, 4429 at capacity, 4503 unavailable, 4504 the text left idle too long).
+
+A key sent as a handshake header is checked before the connection is accepted (a wrong one: the
+handshake is refused, HTTP 403); a connection that sends no ``config`` within
+``--websocket-config-timeout-seconds`` (10 s) is closed with 1008 (policy violation).
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import logging
 import time
@@ -39,7 +45,7 @@ from fastapi import WebSocket, WebSocketDisconnect
 from google.protobuf.json_format import MessageToDict
 from pydantic import Field, ValidationError, create_model
 
-from tts_common.errors import InvalidRequestError
+from tts_common.errors import InvalidRequestError, TTSError
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.serving.health import ServingHealth
@@ -47,7 +53,8 @@ from tts_common.serving.health import ServingHealth
 from ...core import Gateway
 from ...synthesis.text_cutter import read_config
 from ...voice_library import NO_KEYS
-from ..auth import ApiKeys, Callers
+from ..auth import ApiKeys, Callers, extract_api_key
+from ..text import check_text
 from .connection import check_ready, request_id_of
 from .errors import count, http_error, log_and_count, validation_error
 from .formats import FormatName
@@ -76,8 +83,17 @@ StreamConfig: type[SpeechRequest] = create_model(  # type: ignore[call-overload,
 """The ``config`` message: the speech body's fields (``input`` empty) plus ``api_key``."""
 
 
+POLICY_VIOLATION = 1008
+"""Close code of a connection refused for its key at the handshake, or that sent no ``config``
+in time (RFC 6455's policy violation)."""
+
+
 class _ClientGoneError(Exception):
     """The client went away."""
+
+
+class _NoConfigError(Exception):
+    """The client sent no message within the configuration deadline."""
 
 
 async def _receive(websocket: WebSocket) -> dict[str, Any] | None:
@@ -97,6 +113,7 @@ async def _receive(websocket: WebSocket) -> dict[str, Any] | None:
         raise InvalidRequestError(f"message is not JSON: {exc}") from None
     if not isinstance(value, dict) or not isinstance(value.get("type"), str):
         raise InvalidRequestError('message is not a JSON object with a "type"')
+    check_text(value, "")  # before any of it (the api_key too) is used
     return value
 
 
@@ -111,10 +128,13 @@ class SpeechStream:
         keys: ApiKeys | None,
         health: ServingHealth | None,
         callers: Callers | None = None,
+        *,
+        config_timeout: float = 10.0,
     ) -> None:
         """``aliases``: the voice aliases; ``keys``: the accepted API keys (None: no
         authentication); ``health``: the process's (None: always serving); ``callers``: whose
-        stream it is, for its registered voices (None: no API keys)."""
+        stream it is, for its registered voices (None: no API keys); ``config_timeout``: seconds
+        the client has to send its ``config`` (then the socket is closed with 1008)."""
         self.websocket = websocket
         self.gateway = gateway
         self.aliases = aliases
@@ -127,13 +147,20 @@ class SpeechStream:
         self.sample_rate = 0
         """The audio's, from the metadata (for timestamps in seconds)."""
         self.closed_by_client = False
+        self.config_timeout = config_timeout
 
     async def messages(self) -> AsyncIterator[tts_pb2.StreamingSynthesizeRequest]:
         """The client's messages as StreamingSynthesize messages; ends at ``end``; raises
         :class:`_ClientGoneError` when the client goes away (the stream is then cancelled)."""
         first = True
         while True:
-            value = await _receive(self.websocket)
+            if first:  # an unauthenticated socket must not stay open: the config has a deadline
+                try:
+                    value = await asyncio.wait_for(_receive(self.websocket), self.config_timeout)
+                except TimeoutError:
+                    raise _NoConfigError from None
+            else:
+                value = await _receive(self.websocket)
             if value is None:
                 self.closed_by_client = True
                 raise _ClientGoneError
@@ -182,6 +209,8 @@ class SpeechStream:
     async def run(self) -> None:
         """Serve the connection until the summary, a failure or the client leaving."""
         websocket = self.websocket
+        if not await self.handshake_key_accepted():
+            return
         await websocket.accept()
         received = time.monotonic()
         try:
@@ -199,11 +228,16 @@ class SpeechStream:
         except (_ClientGoneError, WebSocketDisconnect):
             logger.info("%s: the client went away", STREAM_PATH)
             count(grpc.StatusCode.CANCELLED)
+        except _NoConfigError:
+            logger.info("%s: no config within %g s: closed", STREAM_PATH, self.config_timeout)
+            count(grpc.StatusCode.DEADLINE_EXCEEDED)
+            with contextlib.suppress(WebSocketDisconnect, RuntimeError):
+                await websocket.close(POLICY_VIOLATION, f"no config message within {self.config_timeout:g} s")
         except Exception as exc:  # noqa: BLE001 - every failure is answered the same way
             if self.closed_by_client:
                 count(grpc.StatusCode.CANCELLED)
                 return
-            error = http_error(exc)
+            error = http_error(exc, self.request_id)
             log_and_count(error, exc, f"WS {STREAM_PATH} [{self.request_id}]")
             try:
                 await websocket.send_json({"type": "error", **error.body()})
@@ -211,6 +245,21 @@ class SpeechStream:
                 await websocket.close(CLOSE_CODE_BASE + error.status, reason)
             except (WebSocketDisconnect, RuntimeError):
                 pass  # the client is gone already
+
+    async def handshake_key_accepted(self) -> bool:
+        """Whether the connection may be accepted: a key sent in the handshake's headers is
+        checked now and a wrong one refused before accepting (the client sees HTTP 403); without
+        one the key may come in ``config`` (browsers cannot set headers)."""
+        if self.keys is None or extract_api_key(self.websocket.headers.items()) is None:
+            return True
+        try:
+            self.keys.authenticate(self.websocket.headers.items(), "header")
+        except TTSError as exc:
+            logger.info("%s: refused at the handshake: %s", STREAM_PATH, exc)
+            count(grpc.StatusCode[exc.grpc_status])
+            await self.websocket.close(POLICY_VIOLATION)
+            return False
+        return True
 
     async def send(self, response: tts_pb2.SynthesizeResponse) -> None:
         kind = response.WhichOneof("payload")

@@ -450,6 +450,8 @@ def test_context_builds_a_wheel_with_every_package(tmp_path: Path) -> None:
     assert re.search(r"^qwen3-tts\s*=\s*qwen3_tts\.cli:main$", text, re.M)
     # Generated protobuf stubs are needed at run time.
     assert any(n.startswith("tts_common/pb/qwen3tts/v1/tts_pb2") for n in names)
+    # The aligner's Korean word split reads the official dictionary from its package data.
+    assert "aligner_service/text/assets/korean_dict_jieba.dict" in names
 
 
 # ---------------------------------------------------------------------------------------------

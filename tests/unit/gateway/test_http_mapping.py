@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 
 from gateway.config import parse_voice_aliases
 from gateway.stages.pipeline import StageError
-from gateway.transports.http.errors import HTTP_STATUS, http_error
+from gateway.transports.http.errors import HTTP_STATUS, http_error, internal_message
 from gateway.transports.http.formats import RESPONSE_FORMATS
 from gateway.transports.http.schemas import SAMPLING_FIELDS, TEXT_FEEDINGS, SpeechRequest
 from gateway.transports.http.speech import resolve_voice, synthesize_request
@@ -181,13 +181,15 @@ def test_voice_alias_flag(pairs: dict[str, str]) -> None:
     ],
 )
 def test_project_errors_to_http(exc: BaseException, status: int) -> None:
-    error = http_error(exc)
+    error = http_error(exc, "req-1")
     assert error.status == status
     assert set(error.body()["error"]) == {"message", "type", "param", "code"}
     assert ("Retry-After" in error.headers) == (status in (429, 503))
+    assert type(exc).__name__ not in error.message  # never the class name
     if status == 500:
         assert error.body()["error"]["type"] == "server_error"
-        assert error.message.startswith("internal error: RuntimeError")
+        assert error.message == internal_message("req-1")
+        assert "bug" not in error.message  # the log has it, not the client
 
 
 @given(st.floats(0.001, 3600.0))

@@ -13,8 +13,10 @@ from typing import Any
 import numpy as np
 import openai
 import soundfile as sf
+from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
 
+from gateway.transports.http.openapi import SpeechEvent, SpeechJsonBody
 from tests.helpers.fake_aligner import FakeAligner, fake_times, fake_units, serve_aligner
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, run
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
@@ -72,6 +74,8 @@ def test_sse_stream_of_the_sdk_carries_each_segments_words() -> None:
             ) as response:
                 lines = [line async for line in response.iter_lines()]
         events = [json.loads(line.removeprefix("data: ")) for line in lines if line]
+        for event in events:  # as the OpenAPI document describes them
+            TypeAdapter(SpeechEvent).validate_python(event)
         kinds = [e["type"] for e in events]
         assert kinds[0] == "speech.audio.delta" and kinds[-1] == "speech.audio.done"
         timestamps = [e for e in events if e["type"] == "speech.audio.timestamps"]
@@ -105,6 +109,7 @@ def test_json_body_has_the_audio_and_the_alignment() -> None:
                 extra_body={"timestamps": "word", "stream_format": "json"},
             )
         body = json.loads(answer.content)
+        SpeechJsonBody.model_validate(body)
         audio, rate = sf.read(io.BytesIO(base64.b64decode(body["audio"])), dtype="float32")
         assert rate == body["sample_rate"] == 24000
         assert audio.size == len(pieces) * FRAMES * SAMPLES_PER_FRAME
