@@ -42,6 +42,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from ..stages.aligner import AlignerStage
+from ..stages.errors import StageError
 from .responses import ResponseBuilder
 from .utterances import UtteranceEvent
 
@@ -244,10 +245,18 @@ class Timestamper:
                     lambda offset: self.builder.output_sample(index, offset),
                 )
             )
-        except Exception as exc:  # noqa: BLE001 - an aligner failure never fails the audio
-            logger.warning("utterance %d: no timestamps: %s", index, exc)
-            message.error = str(exc) or type(exc).__name__
+        except Exception as exc:  # an aligner failure never fails the audio
+            # StageError and AlignmentError messages are written for clients (a StageError's
+            # details are logged where it is raised); anything else is a bug: only the log has it.
+            told = isinstance(exc, StageError | AlignmentError)
+            logger.warning("utterance %d: no timestamps: %s", index, exc, exc_info=not told)
+            message.error = str(exc) if told else _internal_error(self.request_id)
         self.ready.put_nowait(tts_pb2.SynthesizeResponse(timestamps=message))
+
+
+def _internal_error(request_id: str) -> str:
+    where = f" (request id {request_id})" if request_id else ""
+    return f"the alignment failed with an internal error{where}; the details are in the server log"
 
 
 class _End:
