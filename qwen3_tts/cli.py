@@ -5,6 +5,7 @@ make-dev-model  write a small random checkpoint in the official layout
 up              run the stage processes locally (dev checkpoints when no --model / --aligner-model)
 say             call Synthesize (or, --stream-text, StreamingSynthesize with stdin) on a running gateway; write a WAV
 health          exit 0 iff servers report SERVING: gRPC health, or HTTP /health (container probes)
+doctor          check a host before serving: environment, every graph bucket against eager, step times, memory
 """
 
 from __future__ import annotations
@@ -472,12 +473,77 @@ def _http_health(url: str, args: argparse.Namespace, context: ssl.SSLContext | N
     return 0 if status == 200 else 1
 
 
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check this host before serving: environment, graph buckets vs eager, step times, memory plan",
+    )
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: a dev checkpoint, see --size)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="default: bfloat16 on CUDA, float32 on CPU",
+    )
+    p.add_argument(
+        "--size",
+        choices=["dev", "0b6", "1b7"],
+        help="dev checkpoint dims without --model (default: 1b7 on CUDA, dev on CPU)",
+    )
+    p.add_argument(
+        "--max-slots", type=int, help="talker slots to plan and capture (default: 64 on CUDA, 4 on CPU)"
+    )
+    p.add_argument("--max-seq-len", type=int, default=2048, help="talker KV positions per slot")
+    p.add_argument("--timed-steps", type=int, default=5, help="steps timed per talker bucket")
+    p.add_argument(
+        "--decoder-batch-buckets", type=_int_list, metavar="N,N,...", help="default: the decoder server's"
+    )
+    p.add_argument(
+        "--decoder-frame-buckets", type=_int_list, metavar="N,N,...", help="default: the decoder server's"
+    )
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the whole report as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import torch
+
+    from .doctor import DoctorOptions, render, run_doctor, write_json
+
+    options = DoctorOptions(
+        model=args.model,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        dtype=args.dtype,
+        size=args.size,
+        max_slots=args.max_slots,
+        max_seq_len=args.max_seq_len,
+        timed_steps=args.timed_steps,
+        decoder_batch_buckets=args.decoder_batch_buckets,
+        decoder_frame_buckets=args.decoder_frame_buckets,
+    )
+    report = run_doctor(options)
+    print(render(report))
+    if args.json is not None:
+        write_json(report, args.json)
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qwen3-tts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health):
+    for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health, _add_doctor):
         add(sub)
     return parser
 
