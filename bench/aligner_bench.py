@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from aligner_service.model import AlignInput, ForcedAligner, load_aligner
-from aligner_service.model.config import AlignerConfig
+from aligner_service.model.config import ForcedAlignerConfig
 from aligner_service.model.frontend import AlignerFrontend
 from aligner_service.model.text_model import AlignerThinker
 from qwen3_tts.dev_aligner import make_dev_aligner, tiny_aligner_config
@@ -79,7 +79,7 @@ def build(size: str, device: str, dtype: torch.dtype, folder: Path) -> ForcedAli
     dev = make_dev_aligner(folder / "dev-aligner")
     if size == "dev":
         return load_aligner(dev, device=device, dtype=dtype)
-    config = AlignerConfig.from_dict(release_config())
+    config = ForcedAlignerConfig.from_dict(release_config())
     with torch.device(device):
         thinker = AlignerThinker(config).to(dtype)
     with torch.no_grad():

@@ -266,7 +266,7 @@ def make_dev_aligner(path: str | Path, seed: int = 1234, if_missing: bool = Fals
     """
     from safetensors.torch import save_file
 
-    from aligner_service.model.config import AlignerConfig
+    from aligner_service.model.config import ForcedAlignerConfig
     from aligner_service.model.text_model import AlignerThinker
 
     root = Path(path)
@@ -277,7 +277,7 @@ def make_dev_aligner(path: str | Path, seed: int = 1234, if_missing: bool = Fals
     try:
         config = tiny_aligner_config()
         with torch.device("meta"):
-            thinker = AlignerThinker(AlignerConfig.from_dict(config))
+            thinker = AlignerThinker(ForcedAlignerConfig.from_dict(config))
         shapes = {f"thinker.{k}": tuple(v.shape) for k, v in thinker.state_dict().items()}
         state = random_aligner_state(shapes, seed)
         structure_timestamp_weights(state, config, DEV_K)

@@ -125,8 +125,9 @@ class TextConfig:
 
 
 @dataclass(frozen=True)
-class AlignerConfig:
-    """The fields of ``config.json`` the aligner uses."""
+class ForcedAlignerConfig:
+    """The fields of a checkpoint's ``config.json`` the aligner model uses (the stage's own
+    settings are :class:`aligner_service.config.AlignerConfig`)."""
 
     audio: AudioEncoderConfig
     text: TextConfig
@@ -140,7 +141,7 @@ class AlignerConfig:
     """Milliseconds per timestamp class (80)."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AlignerConfig:
+    def from_dict(cls, d: dict[str, Any]) -> ForcedAlignerConfig:
         thinker = d.get("thinker_config")
         if not isinstance(thinker, dict):
             raise AlignerCheckpointError("config.json: thinker_config is missing: not a Qwen3-ASR checkpoint")
@@ -174,7 +175,7 @@ class AlignerConfig:
         return cfg
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> AlignerConfig:
+    def from_checkpoint(cls, path: str | Path) -> ForcedAlignerConfig:
         """Read ``path/config.json``."""
         file = Path(path) / "config.json"
         try:
