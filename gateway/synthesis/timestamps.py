@@ -19,7 +19,7 @@ the streamed) text.
 Failure. An aligner that fails, is unreachable, refuses the audio or answers spans outside the
 text never fails the stream: the utterance's ``timestamps`` message carries ``error`` and no
 units (logged as a warning), so a client always gets exactly one message per utterance with
-audio.
+audio. An unexpected failure's ``error`` names the request id only, as an INTERNAL status does.
 
 Barge-in. A cancelled utterance's audio sent so far is aligned, from the moment of the cancel,
 with the text it had received (:meth:`Timestamper.cut`): the last unit that ends before the audio
@@ -37,9 +37,10 @@ from typing import Any
 
 import numpy as np
 
-from tts_common.errors import FailedPreconditionError, InvalidRequestError
+from tts_common.errors import FailedPreconditionError, InvalidRequestError, TTSError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.serving.rpc_errors import internal_error_details
 
 from ..stages.aligner import AlignerStage
 from .responses import ResponseBuilder
@@ -238,9 +239,13 @@ class Timestamper:
         message = tts_pb2.Timestamps(index=index, unit=self.unit)
         try:
             message.units.extend(await self._units(index, samples, text, text_start))
-        except Exception as exc:  # noqa: BLE001 - an aligner failure never fails the audio
+        except (TTSError, AlignmentError) as exc:  # the stage's verdict, or its answer's fault
             logger.warning("utterance %d: no timestamps: %s", index, exc)
             message.error = str(exc) or type(exc).__name__
+        except Exception:  # an aligner failure never fails the audio
+            # Unexpected: the client gets the request id only, never the exception's text.
+            logger.warning("utterance %d: no timestamps", index, exc_info=True)
+            message.error = internal_error_details(self.request_id)
         self.ready.put_nowait(tts_pb2.SynthesizeResponse(timestamps=message))
 
 

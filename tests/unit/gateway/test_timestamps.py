@@ -17,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.encoding import AudioOutput
+from gateway.stages.errors import StageError
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder
-from gateway.synthesis.timestamps import timed_units
+from gateway.synthesis.timestamps import Timestamper, queued_responses, timed_units
 from tests.helpers.fake_aligner import (
     FakeAligner,
     fake_times,
@@ -257,6 +258,50 @@ def test_an_aligner_failure_leaves_the_audio_and_says_so() -> None:
         message = responses[-2].timestamps
         assert not message.units and "fake aligner refuses this audio" in message.error
         assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
+
+    run(main())
+
+
+def test_an_unexpected_failure_names_the_request_not_its_internals() -> None:
+    """Like every error the API gives (issue 29), an utterance's ``error`` shows no exception
+    class, repr or path of an unexpected failure: the request id to quote (the log has the
+    rest). A stage's own error is still told as it is."""
+
+    class Builder:
+        def output_sample(self, index: int, offset: int) -> int:
+            return offset
+
+    class Stage:
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        async def align(self, *args: object) -> stages_pb2.AlignResponse:
+            raise self.exc
+
+    async def error_of(exc: Exception) -> str:
+        ready: asyncio.Queue[object] = asyncio.Queue()
+        timings = Timestamper(
+            Stage(exc),  # type: ignore[arg-type]
+            WORD,
+            "English",
+            Builder(),  # type: ignore[arg-type]
+            ready,
+            "req-7",
+            sample_rate=NATIVE,
+        )
+        timings.add_audio(0, np.zeros(NATIVE // 10, dtype=np.float32))
+        timings.complete(0, "Hello there.", 0)
+        await timings.finish()
+        (response,) = queued_responses(ready)
+        assert not response.timestamps.units
+        return response.timestamps.error
+
+    async def main() -> None:
+        error = await error_of(RuntimeError("<Thing object at 0x7f3a00> in /srv/app/secret.py"))
+        assert "req-7" in error
+        assert not any(leak in error for leak in ("0x7f3a00", "secret.py", "RuntimeError", "Thing"))
+        refused = StageError("aligner", grpc.StatusCode.INVALID_ARGUMENT, "audio: too short")
+        assert await error_of(refused) == str(refused)
 
     run(main())
 
