@@ -8,7 +8,6 @@ the last unit sent whole named at a barge-in."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Sequence
 
 import grpc
@@ -27,6 +26,7 @@ from tests.helpers.fake_aligner import (
     harness_with_aligner,
 )
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
+from tests.helpers.ports import free_port
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.text import estimate_tokens, segment_text
@@ -389,9 +389,7 @@ def test_a_barge_in_names_the_last_word_sent_whole() -> None:
 
 def test_an_unreachable_aligner_leaves_the_audio_and_says_so() -> None:
     async def main() -> None:
-        with socket.socket() as probe:  # a port nothing listens on
-            probe.bind(("127.0.0.1", 0))
-            target = f"127.0.0.1:{probe.getsockname()[1]}"
+        target = f"127.0.0.1:{free_port()}"  # a port nothing listens on
         async with Harness(frames=3, aligner_targets=(target,), failover_wait_seconds=0.2) as h:
             responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
         assert kinds(responses)[-2:] == ["timestamps", "summary"]
