@@ -61,7 +61,10 @@ class Aligner(Protocol):
     device: Any
     dtype: Any
 
-    def predict_classes(self, batch: Sequence[Any]) -> list[list[int]]: ...
+    def predict_classes(self, batch: Sequence[Any]) -> list[list[int]]:
+        """Per input, ``2 * len(words)`` raw timestamp classes (start, end per word); a
+        ``ValueError`` for an input the model cannot use."""
+        ...
 
 
 MakeInput = Callable[..., Any]

@@ -54,6 +54,8 @@ class AudioEncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AudioEncoderConfig:
+        """Read ``thinker_config.audio_config`` (official defaults for absent fields);
+        :class:`AlignerCheckpointError` for a layout the audio tower does not implement."""
         where = "thinker_config.audio_config"
         if d.get("scale_embedding", False):
             raise AlignerCheckpointError(f"config.json: {where}.scale_embedding true is not supported")
@@ -90,6 +92,8 @@ class TextConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TextConfig:
+        """Read ``thinker_config.text_config`` (official defaults for absent fields);
+        :class:`AlignerCheckpointError` for a RoPE layout other than plain RoPE."""
         where = "thinker_config.text_config"
         heads = int(_get(d, "num_attention_heads", 32, where))
         hidden = int(_get(d, "hidden_size", 4096, where))
@@ -142,6 +146,8 @@ class ForcedAlignerConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> ForcedAlignerConfig:
+        """Read a whole ``config.json`` dict; :class:`AlignerCheckpointError` for a checkpoint
+        that is not a forced aligner or whose fields do not fit together."""
         thinker = d.get("thinker_config")
         if not isinstance(thinker, dict):
             raise AlignerCheckpointError("config.json: thinker_config is missing: not a Qwen3-ASR checkpoint")
