@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -35,6 +34,7 @@ from aligner_service.model.config import ForcedAlignerConfig
 from aligner_service.model.frontend import AlignerFrontend
 from aligner_service.model.text_model import AlignerThinker
 from qwen3_tts.dev_aligner import make_dev_aligner, tiny_aligner_config
+from tts_common.precision import cpu_model
 
 RELEASE_AUDIO = {
     "d_model": 1024,
@@ -63,16 +63,6 @@ def release_config() -> dict[str, Any]:
     thinker["audio_config"] = thinker["audio_config"] | RELEASE_AUDIO
     thinker["text_config"] = thinker["text_config"] | RELEASE_TEXT
     return config
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def build(size: str, device: str, dtype: torch.dtype, folder: Path) -> ForcedAligner:
