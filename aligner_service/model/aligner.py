@@ -17,7 +17,6 @@ import torch
 
 from .config import ForcedAlignerConfig
 from .frontend import (
-    MAX_AUDIO_SECONDS,
     SAMPLE_RATE,
     AlignerFrontend,
     AlignInput,
@@ -34,8 +33,6 @@ class ForcedAligner:
 
     sample_rate: int = SAMPLE_RATE
     """Rate the audio is aligned at (inputs at other rates are resampled)."""
-    max_audio_seconds: float = MAX_AUDIO_SECONDS
-    """Longest audio one input may have."""
 
     def __init__(
         self, thinker: AlignerThinker, frontend: AlignerFrontend, *, model_name: str = "qwen3-forced-aligner"
@@ -48,6 +45,8 @@ class ForcedAligner:
         param = next(thinker.parameters())
         self.device: torch.device = param.device
         self.dtype: torch.dtype = param.dtype
+        self.max_audio_seconds: float = frontend.max_audio_seconds
+        """Longest audio one input may have (180 s for the release)."""
         self.timestamp_resolution_ms: float = self.config.timestamp_segment_time
         """Milliseconds per class (``timestamp_segment_time``, 80 in the release)."""
 
