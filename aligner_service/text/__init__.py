@@ -6,7 +6,7 @@ The rules are the official ``Qwen3ForceAlignProcessor``'s (qwen-asr 0.0.6), reim
 tests pin them against fixtures the official code produced (``scripts/aligner_text_fixtures.py``).
 """
 
-from .repair import repair_timestamps
+from .repair import repair_timestamps, repaired_unit_times
 from .units import Unit, UnitMode, split_units
 
-__all__ = ["Unit", "UnitMode", "repair_timestamps", "split_units"]
+__all__ = ["Unit", "UnitMode", "repair_timestamps", "repaired_unit_times", "split_units"]
