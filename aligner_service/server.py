@@ -36,12 +36,10 @@ from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
 from .batcher import Batcher
-from .config import AlignerConfig
+from .config import STAGE, AlignerConfig
 from .text import Unit, UnitMode, repaired_unit_times, split_units
 
 logger = logging.getLogger(__name__)
-
-STAGE = metrics.STAGE_ALIGNER
 
 UNIT_MODES: dict[int, UnitMode] = {
     stages_pb2.ALIGN_UNIT_UNSPECIFIED: "word",
