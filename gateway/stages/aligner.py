@@ -52,7 +52,6 @@ class AlignerStage:
             unit=unit,
         )
         reply: stages_pb2.AlignResponse = await call_stateless_stage(
-            "aligner",
             self.client,
             self.failover,
             lambda stub: stub.Align,

@@ -196,7 +196,6 @@ def stage_timeout(limit: float, time_remaining: float | None) -> float:
 
 
 async def call_stateless_stage(
-    stage: str,
     client: StageClient[StubT],
     policy: FailoverPolicy,
     rpc: Callable[[StubT], Callable[..., Awaitable[T]]],
@@ -206,7 +205,8 @@ async def call_stateless_stage(
 ) -> T:
     """``rpc(stub)(request)``, one unary call of a stateless stage (speaker, aligner): the
     request id in its metadata, ``timeout`` its deadline (:func:`stage_timeout`), failed over
-    by :func:`call_with_failover`; a gRPC error becomes a :class:`StageError` naming ``stage``."""
+    by :func:`call_with_failover`; a gRPC error becomes a :class:`StageError` naming the
+    client's stage."""
 
     async def call(endpoint: Endpoint[StubT]) -> T:
         return await rpc(endpoint.stub)(
@@ -216,7 +216,7 @@ async def call_stateless_stage(
     try:
         return await call_with_failover(client, policy, request_id, call)
     except grpc.aio.AioRpcError as exc:
-        raise StageError.from_rpc_error(stage, exc) from exc
+        raise StageError.from_rpc_error(client.stage, exc) from exc
 
 
 __all__ = [

@@ -62,7 +62,6 @@ class SpeakerStage:
             want_codes=want_codes,
         )
         embedding: stages_pb2.ReferenceEmbedding = await call_stateless_stage(
-            "speaker",
             self.client,
             self.failover,
             lambda stub: stub.EmbedReference,
