@@ -37,12 +37,12 @@ from typing import Any
 
 import numpy as np
 
-from tts_common.errors import FailedPreconditionError, InvalidRequestError, TTSError
+from tts_common.errors import FailedPreconditionError, InvalidRequestError
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving.rpc_errors import internal_error_details
 
 from ..stages.aligner import AlignerStage
+from ..stages.errors import StageError
 from .responses import ResponseBuilder
 from .utterances import UtteranceEvent
 
@@ -239,14 +239,18 @@ class Timestamper:
         message = tts_pb2.Timestamps(index=index, unit=self.unit)
         try:
             message.units.extend(await self._units(index, samples, text, text_start))
-        except (TTSError, AlignmentError) as exc:  # the stage's verdict, or its answer's fault
-            logger.warning("utterance %d: no timestamps: %s", index, exc)
-            message.error = str(exc) or type(exc).__name__
-        except Exception:  # an aligner failure never fails the audio
-            # Unexpected: the client gets the request id only, never the exception's text.
-            logger.warning("utterance %d: no timestamps", index, exc_info=True)
-            message.error = internal_error_details(self.request_id)
+        except Exception as exc:  # an aligner failure never fails the audio
+            # StageError and AlignmentError messages are written for clients (a StageError's
+            # details are logged where it is raised); anything else is a bug: only the log has it.
+            told = isinstance(exc, StageError | AlignmentError)
+            logger.warning("utterance %d: no timestamps: %s", index, exc, exc_info=not told)
+            message.error = str(exc) if told else _internal_error(self.request_id)
         self.ready.put_nowait(tts_pb2.SynthesizeResponse(timestamps=message))
+
+
+def _internal_error(request_id: str) -> str:
+    where = f" (request id {request_id})" if request_id else ""
+    return f"the alignment failed with an internal error{where}; the details are in the server log"
 
 
 class _End:

@@ -57,15 +57,10 @@ def _details_for(exc: BaseException, code: grpc.StatusCode, context: grpc.aio.Se
     if isinstance(exc, grpc.aio.AioRpcError):
         return exc.details() or code.name
     if code is grpc.StatusCode.INTERNAL:
-        return internal_error_details(current_request_id() or _metadata_request_id(context))
+        request_id = current_request_id() or _metadata_request_id(context)
+        where = f" (request id {request_id})" if request_id else ""
+        return f"internal error{where}; the details are in the server log"
     return str(exc) or code.name.lower()
-
-
-def internal_error_details(request_id: str | None) -> str:
-    """What a client is told of an unexpected failure: the request id to quote, no exception
-    text (that goes to the server log)."""
-    where = f" (request id {request_id})" if request_id else ""
-    return f"internal error{where}; the details are in the server log"
 
 
 def _metadata_request_id(context: grpc.aio.ServicerContext) -> str | None:
@@ -176,6 +171,5 @@ __all__ = [
     "abort_for_exception",
     "grpc_status_for",
     "handle_rpc_errors",
-    "internal_error_details",
     "retry_after_seconds",
 ]

@@ -12,11 +12,13 @@ from collections.abc import Sequence
 
 import grpc
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.encoding import AudioOutput
 from gateway.stages.errors import StageError
+from gateway.synthesis import timestamps
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder
 from gateway.synthesis.timestamps import Timestamper, queued_responses, timed_units
 from tests.helpers.fake_aligner import (
@@ -387,14 +389,36 @@ def test_a_barge_in_names_the_last_word_sent_whole() -> None:
     run(main())
 
 
+def test_a_bug_while_placing_the_units_tells_the_client_only_the_request_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: object) -> list[tts_pb2.TimedUnit]:
+        raise RuntimeError("secret detail at /work/x.py <object at 0xdeadbeef>")
+
+    monkeypatch.setattr(timestamps, "timed_units", broken)
+
+    async def main() -> None:
+        async with harness_with_aligner(frames=3) as h:
+            call = h.stub.Synthesize(request("Hello there.", request_id="req-bug"), timeout=10)
+            responses = [r async for r in call]
+        message = responses[-2].timestamps
+        assert not message.units and "req-bug" in message.error
+        assert "secret" not in message.error and "RuntimeError" not in message.error
+
+    run(main())
+
+
 def test_an_unreachable_aligner_leaves_the_audio_and_says_so() -> None:
     async def main() -> None:
         target = f"127.0.0.1:{free_port()}"  # a port nothing listens on
         async with Harness(frames=3, aligner_targets=(target,), failover_wait_seconds=0.2) as h:
-            responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
+            call = h.stub.Synthesize(request("Hello there.", request_id="req-ts"), timeout=10)
+            responses = [r async for r in call]
         assert kinds(responses)[-2:] == ["timestamps", "summary"]
         message = responses[-2].timestamps
-        assert not message.units and "aligner stage unavailable" in message.error
+        assert not message.units and "the aligner stage is unavailable" in message.error
+        assert "req-ts" in message.error  # the request id to quote, never the aligner's address
+        assert "127.0.0.1" not in message.error and target.split(":")[1] not in message.error
         assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
 
     run(main())
