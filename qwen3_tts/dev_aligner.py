@@ -42,9 +42,7 @@ nothing from the project at import time for that reason.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -287,40 +285,31 @@ def make_dev_aligner(path: str | Path, seed: int = 1234, if_missing: bool = Fals
 
     ``if_missing``: leave an existing checkpoint (a ``config.json`` in ``path``) untouched. Like
     the dev TTS model it is written into a staging folder and moved into place with
-    ``config.json`` last, so an interrupted write reads as no checkpoint.
+    ``config.json`` last (:func:`qwen3_tts.checkpoint_files.write_checkpoint`), so an interrupted
+    write reads as no checkpoint.
     """
     from safetensors.torch import save_file
 
-    from aligner_service.model.config import AlignerConfig
+    from aligner_service.model.config import ForcedAlignerConfig
     from aligner_service.model.text_model import AlignerThinker
+    from qwen3_tts.checkpoint_files import write_checkpoint
 
-    root = Path(path)
-    if if_missing and (root / "config.json").is_file():
-        return root
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".dev-aligner-", dir=root))
-    try:
+    def write(folder: Path) -> None:
         config = tiny_aligner_config()
         with torch.device("meta"):
-            thinker = AlignerThinker(AlignerConfig.from_dict(config))
+            thinker = AlignerThinker(ForcedAlignerConfig.from_dict(config))
         shapes = {f"thinker.{k}": tuple(v.shape) for k, v in thinker.state_dict().items()}
         state = random_aligner_state(shapes, seed)
         structure_timestamp_weights(state, config, DEV_K, per="word", sharpness=DEV_SHARPNESS)
         save_file(
             {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
-            str(staging / "model.safetensors"),
+            str(folder / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        write_tokenizer_files(staging)
-        (staging / "dev_aligner.json").write_text(
+        write_tokenizer_files(folder)
+        (folder / "dev_aligner.json").write_text(
             json.dumps({"seed": seed, "random": True, "k": DEV_K, "per": "word"})
         )
-        (staging / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}, indent=2))
-        (root / "config.json").unlink(missing_ok=True)
-        files = sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == "config.json")
-        for file in files:
-            file.chmod(0o644)
-            os.replace(file, root / file.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return root
+        (folder / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}, indent=2))
+
+    return write_checkpoint(path, write, staging_prefix=".dev-aligner-", if_missing=if_missing)

@@ -65,7 +65,7 @@ class OfflineAligner:
         """(text, char_start, char_end, start_ms, end_ms) of each unit of ``text`` in ``audio``
         (none when the text has no letter or digit); ValueError for audio the model refuses."""
         from aligner_service.model import AlignInput
-        from aligner_service.text import repair_timestamps, split_units
+        from aligner_service.text import repaired_unit_times, split_units
 
         units = split_units(text, language, unit)
         if not units:
@@ -75,11 +75,8 @@ class OfflineAligner:
             (classes,) = self.model.predict_classes(
                 [AlignInput(audio=audio, sample_rate=sample_rate, words=words)]
             )
-        ms = repair_timestamps([c * self.model.timestamp_resolution_ms for c in classes])
-        return [
-            (u.text, u.char_start, u.char_end, float(ms[2 * i]), float(ms[2 * i + 1]))
-            for i, u in enumerate(units)
-        ]
+        times = repaired_unit_times(classes, self.model.timestamp_resolution_ms, len(units))
+        return [(u.text, u.char_start, u.char_end, float(s), float(e)) for u, (s, e) in zip(units, times)]
 
 
 def alignment_language(language: str) -> str:

@@ -183,7 +183,7 @@ READY = Gauge(
 FAILOVERS = Counter(
     PREFIX + "failovers_total",
     "Stage calls moved to another replica after a connection-level failure, by the failed stage "
-    "(peer: talker, decoder, speaker) and result: ok; refused (the replacement talker produced "
+    "(peer: talker, decoder, speaker, aligner) and result: ok; refused (the replacement talker produced "
     "different frames); exhausted (no healthy replica or no attempt left); not_replayable (the "
     "stream is longer than the frames kept for replay).",
     ["stage", "peer", "result"],

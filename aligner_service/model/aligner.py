@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 import torch
 
-from .config import AlignerConfig
+from .config import ForcedAlignerConfig
 from .frontend import (
     SAMPLE_RATE,
     AlignerFrontend,
@@ -39,7 +39,7 @@ class ForcedAligner:
     ) -> None:
         self.thinker = thinker.eval()
         self.frontend = frontend
-        self.config: AlignerConfig = thinker.config
+        self.config: ForcedAlignerConfig = thinker.config
         self.model_name = model_name
         """Name of the checkpoint (its folder name), for model info and metrics."""
         param = next(thinker.parameters())

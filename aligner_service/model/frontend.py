@@ -37,7 +37,7 @@ from tts_common.audio import check_sample_rate, resample
 from tts_common.text.tokenizer import TextTokenizer, TokenizerError
 
 from .audio_encoder import audio_token_count
-from .config import AlignerCheckpointError, AlignerConfig
+from .config import AlignerCheckpointError, ForcedAlignerConfig
 
 SAMPLE_RATE = 16000
 """The rate the features are computed at."""
@@ -117,7 +117,9 @@ def prepare_waveform(
 class AlignerFrontend:
     """Features and prompt ids for :class:`AlignInput` s, from a checkpoint's processor files."""
 
-    def __init__(self, config: AlignerConfig, tokenizer: TextTokenizer, feature_extractor: object) -> None:
+    def __init__(
+        self, config: ForcedAlignerConfig, tokenizer: TextTokenizer, feature_extractor: object
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
@@ -140,7 +142,7 @@ class AlignerFrontend:
         reach further (the release's 5000 x 80 ms reach 400 s)."""
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, config: AlignerConfig) -> AlignerFrontend:
+    def from_checkpoint(cls, path: str | Path, config: ForcedAlignerConfig) -> AlignerFrontend:
         """Tokenizer (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``) and Whisper feature
         extractor (``preprocessor_config.json``) of checkpoint ``path``."""
         from transformers import WhisperFeatureExtractor  # heavy import: only where a model loads
@@ -205,7 +207,7 @@ class AlignerFrontend:
         return AlignPrompt(features=features, input_ids=ids, num_words=len(item.words))
 
 
-def _check_audio_token(root: Path, tokenizer: TextTokenizer, config: AlignerConfig) -> None:
+def _check_audio_token(root: Path, tokenizer: TextTokenizer, config: ForcedAlignerConfig) -> None:
     """The official processor finds the audio placeholder's text only under
     ``extra_special_tokens.audio_token`` of ``tokenizer_config.json`` (§12); its id must be the
     config's ``audio_token_id``, or the official model would not find the audio positions."""
