@@ -12,6 +12,7 @@ from .server import AlignerServicer
 
 
 def main(argv: list[str] | None = None) -> None:
+    """Run the aligner stage with the command line ``argv`` (default: ``sys.argv[1:]``)."""
     run_stage_process(
         flags=FLAGS,
         build_servicer=lambda model, args: AlignerServicer(

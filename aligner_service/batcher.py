@@ -69,6 +69,8 @@ class Batcher(Generic[ItemT, ResultT]):
         self._stage = stage
         self._queue: asyncio.Queue[_Job[ItemT, ResultT]] = asyncio.Queue()
         self._task: asyncio.Task[None] | None = None
+        self._taken: list[_Job[ItemT, ResultT]] = []
+        # Jobs off the queue in the batch being collected or run: stop() must settle them too.
         self.running = 0
         """Items in the forward pass running now."""
 
@@ -83,7 +85,8 @@ class Batcher(Generic[ItemT, ResultT]):
             self._task = asyncio.get_running_loop().create_task(self._loop(), name=f"{self._stage}-batcher")
 
     async def stop(self) -> None:
-        """Stop collecting; callers still waiting get UNAVAILABLE-like cancellation."""
+        """Stop collecting; every caller still waiting (queued, in the batch being collected or
+        in the forward pass) is cancelled."""
         if self._task is not None:
             self._task.cancel()
             try:
@@ -91,8 +94,9 @@ class Batcher(Generic[ItemT, ResultT]):
             except asyncio.CancelledError:
                 pass
             self._task = None
-        while not self._queue.empty():
-            job = self._queue.get_nowait()
+        held = [*self._taken, *(self._queue.get_nowait() for _ in range(self._queue.qsize()))]
+        self._taken = []
+        for job in held:
             if not job.future.done():
                 job.future.cancel()
 
@@ -112,7 +116,7 @@ class Batcher(Generic[ItemT, ResultT]):
         metrics.RUNNING_REQUESTS.labels(stage=self._stage).set(self.running)
 
     async def _collect(self) -> list[_Job[ItemT, ResultT]]:
-        batch = [await self._queue.get()]
+        batch = self._taken = [await self._queue.get()]
         deadline = time.perf_counter() + self.wait_s
         while len(batch) < self.max_batch:
             remaining = deadline - time.perf_counter()
@@ -139,6 +143,7 @@ class Batcher(Generic[ItemT, ResultT]):
             self._gauges()
             try:
                 await self._run(batch)
+                self._taken = []  # all settled (not on cancellation: stop() settles them)
             finally:
                 self.running = 0
                 self._gauges()

@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
+from tts_common import metrics
 from tts_common.flags import NOT_A_FLAG, config_from_args, flag, non_negative_float, positive_int
 from tts_common.stage_main import StageModelConfig, stage_flags
 
-STAGE = "aligner"
+STAGE = metrics.STAGE_ALIGNER
+"""The stage's name (flags' environment prefix, metrics label, logs)."""
 DEFAULT_PORT = 50055
 
 

@@ -36,12 +36,10 @@ from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
 from .batcher import Batcher
-from .config import AlignerConfig
-from .text import Unit, UnitMode, repair_timestamps, split_units
+from .config import STAGE, AlignerConfig
+from .text import Unit, UnitMode, repaired_unit_times, split_units
 
 logger = logging.getLogger(__name__)
-
-STAGE = metrics.STAGE_ALIGNER
 
 UNIT_MODES: dict[int, UnitMode] = {
     stages_pb2.ALIGN_UNIT_UNSPECIFIED: "word",
@@ -61,7 +59,10 @@ class Aligner(Protocol):
     device: Any
     dtype: Any
 
-    def predict_classes(self, batch: Sequence[Any]) -> list[list[int]]: ...
+    def predict_classes(self, batch: Sequence[Any]) -> list[list[int]]:
+        """Per input, ``2 * len(words)`` raw timestamp classes (start, end per word); a
+        ``ValueError`` for an input the model cannot use."""
+        ...
 
 
 MakeInput = Callable[..., Any]
@@ -90,20 +91,18 @@ def decode_pcm(pcm: bytes, sample_rate: int, max_seconds: float) -> np.ndarray:
 def timed_units(
     units: Sequence[Unit], classes: Sequence[int], resolution_ms: float
 ) -> list[stages_pb2.AlignedUnit]:
-    """Each unit with its repaired (start, end): classes ``2i`` and ``2i + 1`` times
-    ``resolution_ms``, repaired over the whole utterance."""
-    if len(classes) != 2 * len(units):
-        raise RuntimeError(f"the aligner gave {len(classes)} timestamps for {len(units)} units")
-    ms = repair_timestamps([c * resolution_ms for c in classes])
+    """Each unit with its repaired (start, end) (:func:`~aligner_service.text.repaired_unit_times`
+    of the model's raw ``classes``)."""
+    times = repaired_unit_times(classes, resolution_ms, len(units))
     return [
         stages_pb2.AlignedUnit(
             text=unit.text,
             char_start=unit.char_start,
             char_end=unit.char_end,
-            start_ms=float(ms[2 * i]),
-            end_ms=float(ms[2 * i + 1]),
+            start_ms=float(start),
+            end_ms=float(end),
         )
-        for i, unit in enumerate(units)
+        for unit, (start, end) in zip(units, times)
     ]
 
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import platform
 import tempfile
 import time
 from collections.abc import Callable
@@ -31,10 +30,11 @@ import numpy as np
 import torch
 
 from aligner_service.model import AlignInput, ForcedAligner, load_aligner
-from aligner_service.model.config import AlignerConfig
+from aligner_service.model.config import ForcedAlignerConfig
 from aligner_service.model.frontend import AlignerFrontend
 from aligner_service.model.text_model import AlignerThinker
 from qwen3_tts.dev_aligner import make_dev_aligner, tiny_aligner_config
+from tts_common.precision import cpu_model
 
 RELEASE_AUDIO = {
     "d_model": 1024,
@@ -65,21 +65,11 @@ def release_config() -> dict[str, Any]:
     return config
 
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
-
-
 def build(size: str, device: str, dtype: torch.dtype, folder: Path) -> ForcedAligner:
     dev = make_dev_aligner(folder / "dev-aligner")
     if size == "dev":
         return load_aligner(dev, device=device, dtype=dtype)
-    config = AlignerConfig.from_dict(release_config())
+    config = ForcedAlignerConfig.from_dict(release_config())
     with torch.device(device):
         thinker = AlignerThinker(config).to(dtype)
     with torch.no_grad():

@@ -34,12 +34,17 @@ import numpy as np
 import torch
 
 from decoder_service.model.loading import load_codec_decoder
-from decoder_service.model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
+from decoder_service.model.self_check import start_batcher
+from decoder_service.model.streaming import ChunkSchedule, DecoderSession
 from decoder_service.server import DecodeBatcher
+from talker_service.config import FLAGS as TALKER_FLAGS
+from talker_service.config import engine_config_from_args
 from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs
 from tts_common.compute_thread import ComputeThread
+from tts_common.flags import config_from_args
+from tts_common.stage_main import StageModelConfig
 from tts_common.synthesis import SamplingParams
 
 TEXTS = [
@@ -55,16 +60,24 @@ def _percentile(values: list[float], q: float) -> float:
     return float(np.percentile(np.asarray(values), q)) if values else float("nan")
 
 
+def server_engine_config(args: argparse.Namespace) -> EngineConfig:
+    """The talker server's engine configuration for these flags (its parser and defaults, so the
+    bench captures and replays exactly the buckets the server does); ``--max-slots`` default: the
+    largest concurrency level."""
+    slots = args.max_slots or max(int(c) for c in args.concurrency.split(","))
+    argv = ["--model", args.model, "--device", args.device, "--dtype", args.dtype]
+    argv += ["--max-slots", str(slots), "--max-seq-len", str(args.max_seq_len)]
+    namespace = TALKER_FLAGS.parser({}).parse_args(argv)
+    return engine_config_from_args(config_from_args(StageModelConfig, namespace), namespace)
+
+
 class Bench:
     """The two stages, loaded once."""
 
     def __init__(self, args: argparse.Namespace) -> None:
         dtype = getattr(torch, args.dtype)
         self.args = args
-        slots = max(int(c) for c in args.concurrency.split(","))
-        self.config = EngineConfig(
-            max_slots=slots, max_seq_len=args.max_seq_len, device=args.device, dtype=args.dtype
-        )
+        self.config = server_engine_config(args)
         self.batch_sizes: dict[int, list[float]] = {}
         t0 = time.perf_counter()
         self.model = TalkerModel.from_checkpoint(args.model, args.device, dtype)
@@ -83,7 +96,8 @@ class Bench:
         self.decoder = await self.compute.run(
             load_codec_decoder, self.args.model, self.args.device, torch.float32
         )
-        self.session_batcher = await self.compute.run(SessionBatcher, self.decoder)  # captures every bucket
+        # The decoder server's batcher: its buckets, captured and self-checked as at its start.
+        self.session_batcher, _ = await self.compute.run(start_batcher, self.decoder, "auto")
         graphs = self.session_batcher.graphs
         self.startup["decoder_graphs"] = None if graphs is None else _report(graphs.report)
 
@@ -203,6 +217,9 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=2048)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--concurrency", default="1,8,32,64")
+    parser.add_argument(
+        "--max-slots", type=int, default=None, help="talker slots (default: the largest concurrency)"
+    )
     parser.add_argument("--requests", type=int, default=128, help="requests per concurrency level")
     parser.add_argument("--single-requests", type=int, default=4, help="requests of the single-stream run")
     parser.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")

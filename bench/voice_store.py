@@ -18,7 +18,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import platform
 import random
 import tempfile
 import time
@@ -36,18 +35,9 @@ from gateway.voice_library import (
     VoiceLibraryConfig,
     create_voice_library,
 )
+from tts_common.precision import cpu_model
 
 OWNER = Scope(owner="0" * 64)
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def voice(rng: np.random.Generator) -> NewVoice:

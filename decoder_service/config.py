@@ -1,12 +1,13 @@
 """The decoder process's settings (:class:`DecoderConfig`) and command line: the model-stage
-flags, ``--max-streams`` and the server flags."""
+flags, ``--max-streams``, ``--cuda-graphs`` and the server flags."""
 
 from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
 
-from tts_common.flags import NOT_A_FLAG, config_from_args
+from tts_common.flags import NOT_A_FLAG, config_from_args, flag
+from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.stage_main import StageModelConfig, stage_flags
 
 STAGE = "decoder"
@@ -25,6 +26,12 @@ class DecoderConfig:
     """Concurrent Decode streams; more -> RESOURCE_EXHAUSTED."""
     max_prefix_frames: int = field(default=2000, metadata=NOT_A_FLAG)
     """Longest voice-clone prefix accepted."""
+    cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
+    """Replay one captured CUDA graph per (batch, frames) bucket (CUDA only): auto = capture and
+    self-check before serving, falling back to eager on a failure (ERROR log, metric, reason in
+    the model info); on = a failure stops the decoder; off = eager."""
+    emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
+    """Run the graph path without CUDA (eager replays on the static buffers; tests)."""
 
 
 FLAGS = stage_flags(

@@ -38,6 +38,7 @@ from tts_common.serving.rpc_errors import handle_rpc_errors
 from .config import DecoderConfig
 from .model.decoder import CodecDecoder
 from .model.loading import load_codec_decoder
+from .model.self_check import start_batcher
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
 
 logger = logging.getLogger(__name__)
@@ -120,23 +121,51 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         self.sample_rate = 24000
         self.speech_tokenizer = ""
         """Fingerprint of the loaded speech tokenizer (tts_common.fingerprint)."""
+        self.step_path = "eager"
+        self.fallback_reason = ""
+        """Why the decoder runs eager although graphs were wanted (DecoderInfo)."""
         # All of this process's torch work runs on this one thread (tts_common.compute_thread).
         self.compute = ComputeThread("decoder-compute")
 
     async def load(self) -> None:
+        t0 = time.monotonic()
         cfg = load_checkpoint_config(self.model_dir)
         self.sample_rate = cfg.speech_tokenizer.output_sample_rate
         self.speech_tokenizer = await asyncio.to_thread(reported_fingerprint, self.model_dir)
+        t1 = time.monotonic()
         self.decoder = await self.compute.run(
             load_codec_decoder,
             self.model_dir,
             self.config.device,
             getattr(torch, self.config.dtype),
         )
-        # Built on the compute thread: on CUDA it captures every bucket now, before SERVING.
-        batcher = await self.compute.run(SessionBatcher, self.decoder)
+        # Built on the compute thread: on CUDA it captures every bucket now and self-checks them,
+        # before SERVING (--cuda-graphs: a failure falls back to eager, or stops the stage).
+        t2 = time.monotonic()
+        batcher, outcome = await self.compute.run(
+            start_batcher, self.decoder, self.config.cuda_graphs, self.config.emulate_cuda_graphs
+        )
+        self.fallback_reason = outcome.fallback_reason
+        t3 = time.monotonic()
+        if batcher.graphs is not None:
+            self.step_path = f"{batcher.graphs.report.mode}-graphs"
+        else:
+            self.step_path = "eager (fallback)" if outcome.fallback_reason else "eager"
         self.batcher = DecodeBatcher(batcher, self.compute)
         self.batcher.start()
+        if batcher.graphs is not None:
+            logger.info(
+                "decoder graphs: %s, plus %.0f MiB of static inputs (state shared per batch size)",
+                batcher.graphs.report.summary(),
+                batcher.graphs.static_bytes / 2**20,
+            )
+        logger.info(
+            "decoder startup: fingerprint %.1f s, weights %.1f s, graphs + self-check %.1f s (%s)",
+            t1 - t0,
+            t2 - t1,
+            t3 - t2,
+            self.step_path,
+        )
 
     async def close(self) -> None:
         if self.batcher is not None:
@@ -276,6 +305,8 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             ready=self.decoder is not None,
             device=self.config.device,
             dtype=self.config.dtype,
+            step_path=self.step_path,
+            fallback_reason=self.fallback_reason,
         )
 
     @handle_rpc_errors(stage="decoder")
@@ -289,4 +320,6 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             sample_rate=self.sample_rate,
             device=self.config.device,
             dtype=self.config.dtype,
+            step_path=self.step_path,
+            fallback_reason=self.fallback_reason,
         )

@@ -2,9 +2,10 @@
 
 synthesize      offline synthesis with the reference pipeline (one text or a JSONL file)
 make-dev-model  write a small random checkpoint in the official layout
-up              run the four stage processes locally (dev checkpoint when no --model)
+up              run the stage processes locally (dev checkpoints when no --model / --aligner-model)
 say             call Synthesize (or, --stream-text, StreamingSynthesize with stdin) on a running gateway; write a WAV
 health          exit 0 iff servers report SERVING: gRPC health, or HTTP /health (container probes)
+doctor          check a host before serving: environment, every graph bucket against eager, step times, memory
 """
 
 from __future__ import annotations
@@ -71,6 +72,21 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--out", type=Path, help="output WAV (with --text / --text-file)")
     p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text / --text-file)")
     p.add_argument("--out-dir", type=Path, help="output folder (with --requests): ID.wav, ID.codes.npy")
+    p.add_argument(
+        "--timestamps",
+        type=Path,
+        metavar="FILE.json",
+        help="also write when each word is heard (with --text / --text-file): the aligner runs in this "
+        "process on every segment's audio",
+    )
+    p.add_argument("--timestamp-unit", default="word", choices=["word", "character"])
+    p.add_argument(
+        "--aligner-model",
+        type=Path,
+        metavar="DIR",
+        help="Qwen3-ForcedAligner checkpoint for --timestamps (default: the dev aligner checkpoint, random "
+        "weights, created in .dev-model/ on first use, as `qwen3-tts up` does)",
+    )
     p.set_defaults(func=cmd_synthesize)
 
 
@@ -87,6 +103,8 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if args.requests is not None:
         if args.out_dir is None:
             raise ValueError("--requests needs --out-dir")
+        if args.timestamps is not None:
+            raise ValueError("--timestamps needs --text or --text-file")
         requests = read_requests(args.requests)
     else:
         if args.out is None:
@@ -140,7 +158,32 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         if args.codes_out is not None:
             np.save(args.codes_out, res.codes)
         print(f"{args.out}: {_described(res, synth.sample_rate)}")
+        if args.timestamps is not None:
+            _write_timestamps(args, requests[0], res, synth.sample_rate)
     return 0
+
+
+def _write_timestamps(
+    args: argparse.Namespace, request: Any, result: OfflineResult, sample_rate: int
+) -> None:
+    """``--timestamps``: align every segment of ``result`` in this process, write the JSON."""
+    import torch
+
+    from tts_common.precision import resolve_dtype
+
+    from .offline_timestamps import OfflineAligner, align_result, timestamps_document, write_timestamps
+
+    aligner_dir = args.aligner_model
+    if aligner_dir is None:
+        from .dev_aligner import make_dev_aligner
+        from .local_stack import DEV_ALIGNER_SUBDIR
+
+        aligner_dir = make_dev_aligner(Path(".dev-model") / DEV_ALIGNER_SUBDIR, if_missing=True)
+    aligner = OfflineAligner(aligner_dir, args.device, getattr(torch, resolve_dtype(args.dtype, args.device)))
+    spans = align_result(aligner, result, request.text, sample_rate, request.language, args.timestamp_unit)
+    duration = len(result.wav) / sample_rate
+    write_timestamps(args.timestamps, timestamps_document(spans, request.text, duration, args.timestamp_unit))
+    print(f"{args.timestamps}: {len(spans)} {args.timestamp_unit}s")
 
 
 def _described(result: OfflineResult, sample_rate: int) -> str:
@@ -172,7 +215,7 @@ def cmd_make_dev_model(args: argparse.Namespace) -> int:
 
 
 def _add_up(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("up", help="run gateway, talker, decoder and speaker locally")
+    p = sub.add_parser("up", help="run gateway, talker, decoder, speaker and aligner locally")
     p.add_argument(
         "--model",
         action="append",
@@ -185,7 +228,7 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
         "--dev-model-dir",
         type=Path,
         default=Path(".dev-model"),
-        help="where dev checkpoints live (one sub-folder per type)",
+        help="where dev checkpoints live (one sub-folder per type, and the dev aligner's)",
     )
     p.add_argument(
         "--dev-model-type",
@@ -200,10 +243,32 @@ def _add_up(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--http-port", type=int, default=8000, help="gateway HTTP API and playground port (0: off)"
     )
-    p.add_argument("--base-port", type=int, default=50052, help="first stage port (talker, decoder, speaker)")
+    p.add_argument(
+        "--base-port",
+        type=int,
+        default=50052,
+        help="first stage port: talker, decoder, speaker, then the extra replicas, the aligner last "
+        "(one model, one replica: 50052..50055)",
+    )
     p.add_argument("--device", default=None)
     p.add_argument(
-        "--metrics", action="store_true", help="expose /metrics on 9091..9094 (9095.. for replicas)"
+        "--metrics",
+        action="store_true",
+        help="expose /metrics on 9091 (gateway) and 9092.. (the stages, in port order: 9092..9095 for "
+        "one model and one replica)",
+    )
+    aligner = p.add_mutually_exclusive_group()
+    aligner.add_argument(
+        "--aligner-model",
+        type=Path,
+        metavar="DIR",
+        help="Qwen3-ForcedAligner checkpoint directory for word timestamps (default: the dev aligner "
+        "checkpoint, random weights, in --dev-model-dir)",
+    )
+    aligner.add_argument(
+        "--no-aligner",
+        action="store_true",
+        help="run no aligner stage (requests asking for timestamps get FAILED_PRECONDITION)",
     )
     p.add_argument(
         "--voices-db",
@@ -252,11 +317,28 @@ def _add_say(sub: argparse._SubParsersAction) -> None:
         "(e.g. `llm ... | qwen3-tts say --stream-text`): speech starts after the first words",
     )
     p.add_argument("-o", "--out", type=Path, default=Path("out.wav"))
+    p.add_argument(
+        "--captions",
+        type=captions_path,
+        metavar="FILE.srt|FILE.vtt",
+        help="ask for word timestamps and write them as captions (SubRip or WebVTT, from the extension)",
+    )
     p.add_argument("--gateway", default="127.0.0.1:50051")
     add_request_flags(p)
     p.add_argument("--api-key")
     p.add_argument("--timeout", type=float, default=300.0)
     p.set_defaults(func=cmd_say)
+
+
+def captions_path(text: str) -> Path:
+    """``--captions``: a path ending in .srt or .vtt."""
+    from .captions import caption_format
+
+    try:
+        caption_format(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return Path(text)
 
 
 def cmd_say(args: argparse.Namespace) -> int:
@@ -391,12 +473,77 @@ def _http_health(url: str, args: argparse.Namespace, context: ssl.SSLContext | N
     return 0 if status == 200 else 1
 
 
+def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser(
+        "doctor",
+        help="check this host before serving: environment, graph buckets vs eager, step times, memory plan",
+    )
+    p.add_argument("--model", type=Path, help="checkpoint directory (default: a dev checkpoint, see --size)")
+    p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
+    p.add_argument(
+        "--dtype",
+        choices=["float32", "bfloat16", "float16"],
+        help="default: bfloat16 on CUDA, float32 on CPU",
+    )
+    p.add_argument(
+        "--size",
+        choices=["dev", "0b6", "1b7"],
+        help="dev checkpoint dims without --model (default: 1b7 on CUDA, dev on CPU)",
+    )
+    p.add_argument(
+        "--max-slots", type=int, help="talker slots to plan and capture (default: 64 on CUDA, 4 on CPU)"
+    )
+    p.add_argument("--max-seq-len", type=int, default=2048, help="talker KV positions per slot")
+    p.add_argument("--timed-steps", type=int, default=5, help="steps timed per talker bucket")
+    p.add_argument(
+        "--decoder-batch-buckets", type=_int_list, metavar="N,N,...", help="default: the decoder server's"
+    )
+    p.add_argument(
+        "--decoder-frame-buckets", type=_int_list, metavar="N,N,...", help="default: the decoder server's"
+    )
+    p.add_argument("--json", type=Path, metavar="PATH", help="write the whole report as JSON")
+    p.set_defaults(func=cmd_doctor)
+
+
+def _int_list(text: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(","))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def cmd_doctor(args: argparse.Namespace) -> int:
+    import torch
+
+    from .doctor import DoctorOptions, render, run_doctor, write_json
+
+    options = DoctorOptions(
+        model=args.model,
+        device=args.device or ("cuda" if torch.cuda.is_available() else "cpu"),
+        dtype=args.dtype,
+        size=args.size,
+        max_slots=args.max_slots,
+        max_seq_len=args.max_seq_len,
+        timed_steps=args.timed_steps,
+        decoder_batch_buckets=args.decoder_batch_buckets,
+        decoder_frame_buckets=args.decoder_frame_buckets,
+    )
+    report = run_doctor(options)
+    print(render(report))
+    if args.json is not None:
+        write_json(report, args.json)
+    return 0 if report.passed else 1
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="qwen3-tts", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = parser.add_subparsers(dest="command", required=True)
-    for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health):
+    for add in (_add_synthesize, _add_make_dev_model, _add_up, _add_say, _add_health, _add_doctor):
         add(sub)
     return parser
 

@@ -1,6 +1,7 @@
 """``qwen3-tts say``: a small streaming client of the gateway's ``Synthesize``, or with
 ``--stream-text`` of ``StreamingSynthesize``: standard input is sent as it arrives (pipe the
-output of a program that writes text progressively into it)."""
+output of a program that writes text progressively into it). With ``--captions out.srt|out.vtt``
+it asks for word timestamps and writes them as captions beside the audio."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ import soundfile as sf
 
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
+from .captions import TimedWord, write_captions
 from .request_flags import request_from_flags
 
 STDIN_READ_BYTES = 4096
@@ -27,7 +29,36 @@ def build_request(args: argparse.Namespace) -> tts_pb2.SynthesizeRequest:
     """The Synthesize request of ``args`` (with ``--stream-text``: the configuration, no text),
     float32 audio."""
     text = "" if args.stream_text else args.text
-    return request_from_flags(args, text=text, encoding=tts_pb2.AUDIO_ENCODING_FLOAT32)
+    request = request_from_flags(args, text=text, encoding=tts_pb2.AUDIO_ENCODING_FLOAT32)
+    if getattr(args, "captions", None) is not None:
+        request.timestamps = tts_pb2.TIMESTAMP_UNIT_WORD
+    return request
+
+
+def timed_words(message: tts_pb2.Timestamps, sample_rate: int) -> list[TimedWord]:
+    """The units of a ``timestamps`` response, in seconds of the audio as sent."""
+    return [
+        TimedWord(u.text, u.start_sample / sample_rate, u.end_sample / sample_rate, u.char_start, u.char_end)
+        for u in message.units
+    ]
+
+
+class TextRecorder:
+    """Passes text deltas through and keeps them: the streamed text the units' character spans
+    index (StreamingSynthesize's spans are over the concatenated deltas)."""
+
+    def __init__(self, deltas: Iterable[str]) -> None:
+        self._deltas = deltas
+        self.parts: list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        for delta in self._deltas:
+            self.parts.append(delta)
+            yield delta
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
 
 
 def text_deltas(stream: BinaryIO, read_bytes: int = STDIN_READ_BYTES) -> Iterator[str]:
@@ -61,10 +92,13 @@ def say(args: argparse.Namespace) -> int:
     pieces: list[np.ndarray] = []
     sample_rate = 24000
     summary = None
+    words: list[TimedWord] = []
+    timing_errors: list[str] = []
+    streamed = TextRecorder(text_deltas(sys.stdin.buffer)) if args.stream_text else None
     with grpc.insecure_channel(args.gateway) as channel:
         stub = tts_pb2_grpc.TextToSpeechStub(channel)
-        if args.stream_text:
-            messages = streaming_messages(build_request(args), text_deltas(sys.stdin.buffer))
+        if streamed is not None:
+            messages = streaming_messages(build_request(args), streamed)
             responses = stub.StreamingSynthesize(messages, timeout=args.timeout, metadata=metadata)
         else:
             responses = stub.Synthesize(build_request(args), timeout=args.timeout, metadata=metadata)
@@ -84,6 +118,12 @@ def say(args: argparse.Namespace) -> int:
                         file=sys.stderr,
                         flush=True,
                     )
+                elif kind == "timestamps":
+                    words += timed_words(response.timestamps, sample_rate)
+                    if response.timestamps.error:
+                        timing_errors.append(
+                            f"utterance {response.timestamps.index}: {response.timestamps.error}"
+                        )
                 elif kind == "summary":
                     summary = response.summary
         except grpc.RpcError as exc:
@@ -92,6 +132,13 @@ def say(args: argparse.Namespace) -> int:
     audio = np.concatenate(pieces) if pieces else np.zeros(0, dtype=np.float32)
     sf.write(args.out, audio, sample_rate, subtype="FLOAT")
     print(file=sys.stderr)
+    if args.captions is not None:
+        text = streamed.text if streamed is not None else args.text
+        # utterances are aligned concurrently: their messages may arrive out of order
+        cues = write_captions(args.captions, sorted(words, key=lambda w: (w.start, w.char_start)), text)
+        print(f"{args.captions}: {len(words)} words in {len(cues)} captions", file=sys.stderr)
+        for error in timing_errors:
+            print(f"warning: no timings for {error}", file=sys.stderr)
     if summary is not None:
         waited = f", talker waited {summary.text_wait_ms:.0f} ms for text" if args.stream_text else ""
         print(

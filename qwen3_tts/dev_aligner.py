@@ -11,24 +11,28 @@ with the aligner's special tokens at the release's offsets from the first specia
 Timestamp structure. With the official initialisation every ``<timestamp>`` predicts about the
 same class, so every word would land at one time. :func:`structure_timestamp_weights` overwrites
 a few weights (the rest stays random) so that the class at a timestamp position is about
-``round(K * n_ts / n_audio)``: ``n_ts`` the timestamps up to that position, ``n_audio`` the audio
-embeddings (13 per second). How, with hidden channels 0-5 reserved as signal channels:
+``round(K * n_ts / d)``: ``n_ts`` the timestamps up to that position and ``d`` either the audio
+embeddings (``per="audio"``, 13 per second: the fixture's choice, so the audio length matters) or
+1 (``per="word"``: the dev checkpoint, a fixed pace per word). How, with hidden channels 0-5
+reserved as signal channels:
 
-* token embeddings: channel 0 = 1 for ``<timestamp>``, channel 1 = 1 for every token; audio
-  embeddings (``proj2`` bias, with a random row for channel 4 so the audio content matters):
-  channel 4 ~ 1; the other signal channels 0;
+* token embeddings: channel 0 = 1 for ``<timestamp>``, channel 1 = 1 for ``<|audio_start|>``;
+  audio embeddings (``proj2`` bias, with a faint random row so the audio content matters):
+  channel 4 = ~1; the other signal channels 0;
 * layer 0 attention: ``q_proj = 0``, so every head averages uniformly over its causal prefix;
-  ``v_proj`` rows 0 and 1 (KV head 0) read the normalised channels 0 and 4, and ``o_proj`` writes
-  them K times into channel 2 and once into channels 3 and 5: channel 2 / channel 3 =
-  K * mean(is-timestamp) / mean(is-audio) over the prefix (the RMSNorm scale cancels);
+  ``v_proj`` rows 0 and 1 (KV head 0) read the normalised channel 0 and the denominator's channel
+  (4, or 1: its mean is 1 / position, as ``<|audio_start|>`` comes once), and ``o_proj`` writes
+  them K times into channel 2 and once into channels 3 and 5, so channel 2 / channel 3 =
+  K * n_ts / d (the RMSNorm scales cancel or are compensated);
 * every ``o_proj`` and MLP ``down_proj`` leaves channels 0-5 alone otherwise;
 * ``lm_head`` row c = ``2c`` on channel 2 and ``-c^2`` on channels 3 + 5 (split in two bf16-exact
-  parts), so ``logit_c = ch3 * (2 c r - c^2)``, r = ch2 / ch3, whose argmax is ``round(r)``; the
-  other columns stay random (small), so the logits depend on the whole network.
+  parts), so ``logit_c = ch3 * (2 c r - c^2)``, r = ch2 / ch3, whose argmax is ``round(r)``; its
+  other columns stay random, so the logits (and near ties, the classes) depend on the whole
+  network.
 
-So classes grow with the word index (start < end < next start) and fall near ``K * 2 * i / 13``
-per second of audio for word i; with the dev ``K`` the words of ordinary speech land inside the
-audio, but nothing guarantees it: the weights are random, only the plumbing is real.
+So classes grow with the word index (start <= end <= next start, up to the random part). The dev
+checkpoint puts a word every 400 ms (:data:`DEV_K`), which can run past the end of short audio:
+the weights are random, only the plumbing is real.
 
 The fixture builder ``scripts/aligner_fixtures.py`` (run in the official package's environment)
 applies the same structure to a checkpoint built with the official classes; this module imports
@@ -38,9 +42,7 @@ nothing from the project at import time for that reason.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -62,8 +64,12 @@ the names of the TTS dev vocabulary (the Qwen3 layout); the others are named
 SPECIAL_COUNT = 64
 TEXT_VOCAB_SIZE = 2560
 SIGNAL_CHANNELS = 6
-DEV_K = 24.0
-"""Scale of the dev checkpoint's timestamp structure (see the module docstring)."""
+DEV_K = 2.5
+"""Classes per ``<timestamp>`` of the dev checkpoint (``per="word"``): a word every 2 x 2.5 x 80
+= 400 ms (150 words a minute), each 200 ms long."""
+DEV_SHARPNESS = 256.0
+"""How much the dev checkpoint's structure outweighs its random part (the mean of the
+once-per-prompt ``<|audio_start|>`` channel is small, so its curvature needs the help)."""
 DEV_CLASSIFY_NUM = 5000
 
 
@@ -180,24 +186,35 @@ def _bf16_split(values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return hi, values - hi
 
 
-def structure_timestamp_weights(state: dict[str, torch.Tensor], config: dict[str, Any], k: float) -> None:
+def structure_timestamp_weights(
+    state: dict[str, torch.Tensor],
+    config: dict[str, Any],
+    k: float,
+    per: str = "audio",
+    sharpness: float = 1.0,
+) -> None:
     """Give the random ``thinker.*`` weights of ``state`` (in place) the timestamp structure of
-    the module docstring; ``config`` is the checkpoint's ``config.json`` dict."""
+    the module docstring; ``config`` is the checkpoint's ``config.json`` dict. ``per="audio"``:
+    class ~ K * n_timestamps / n_audio_embeddings; ``per="word"``: class ~ K * n_timestamps (the
+    mean of a channel set on ``<|audio_start|>`` alone is 1 / position, so the ratio is a count).
+    ``sharpness`` (a power of two keeps the rows bf16-exact) scales the structured ``lm_head``
+    columns against its random ones: the larger, the less the random part moves the classes."""
+    if per not in ("audio", "word"):
+        raise ValueError(f"per must be 'audio' or 'word', got {per!r}")
     thinker = config["thinker_config"]
     text = thinker["text_config"]
-    ts = config["timestamp_token_id"]
+    ts, start = config["timestamp_token_id"], thinker["audio_start_token_id"]
     sig = SIGNAL_CHANNELS
     with torch.no_grad():
         emb = state["thinker.model.embed_tokens.weight"]
         emb[:, :sig] = 0.0
-        emb[:, 1] = 1.0
-        emb[ts, 0] = 1.0
+        emb[ts, 0] = 1.0  # channel 0: is-timestamp
+        emb[start, 1] = 1.0  # channel 1: is-audio-start
         w2, b2 = state["thinker.audio_tower.proj2.weight"], state["thinker.audio_tower.proj2.bias"]
-        audio_row = w2[4] * 0.25  # channel 4 keeps a trace of the audio content
+        audio_row = w2[4] * 0.25  # channel 4 (is-audio) keeps a trace of the audio content
         w2[:sig] = 0.0
         b2[:sig] = 0.0
         w2[4] = audio_row
-        b2[1] = 1.0
         b2[4] = 1.0
         # The signal channels pass the norms unscaled (channels 3 and 5 must stay equal).
         state["thinker.model.norm.weight"][:sig] = 1.0
@@ -211,19 +228,25 @@ def structure_timestamp_weights(state: dict[str, torch.Tensor], config: dict[str
         v = state[p + "v_proj.weight"]
         v[:2] = 0.0
         v[0, 0] = 1.0  # KV head 0, dim 0 <- normalised channel 0 (is-timestamp)
-        v[1, 4] = 1.0  # KV head 0, dim 1 <- normalised channel 4 (is-audio)
+        gain = k
+        if per == "audio":
+            v[1, 4] = 1.0  # KV head 0, dim 1 <- normalised channel 4 (is-audio)
+        else:
+            v[1, 1] = 1.0  # KV head 0, dim 1 <- normalised channel 1 (is-audio-start)
+            # the two tokens' RMSNorm scales differ: make the ratio exactly K * count
+            gain = k * float(emb[ts].pow(2).mean().sqrt() / emb[start].pow(2).mean().sqrt())
         o = state[p + "o_proj.weight"]
         o[:, :2] = 0.0
-        o[2, 0] = k  # query head 0 reads KV head 0: channel 2 = K * mean(is-timestamp)
-        o[3, 1] = 1.0  # channels 3 and 5 = mean(is-audio)
+        o[2, 0] = gain  # query head 0 reads KV head 0: channel 2 = K * mean(is-timestamp)
+        o[3, 1] = 1.0  # channels 3 and 5 = the mean of the denominator channel
         o[5, 1] = 1.0
         head = state["thinker.lm_head.weight"]
         classes = torch.arange(head.shape[0], dtype=torch.float32)
         hi, lo = _bf16_split(classes * classes)
         head[:, :sig] = 0.0
-        head[:, 2] = 2.0 * classes
-        head[:, 3] = -hi
-        head[:, 5] = -lo
+        head[:, 2] = 2.0 * classes * sharpness
+        head[:, 3] = -hi * sharpness
+        head[:, 5] = -lo * sharpness
 
 
 def random_aligner_state(shapes: dict[str, tuple[int, ...]], seed: int) -> dict[str, torch.Tensor]:
@@ -262,38 +285,31 @@ def make_dev_aligner(path: str | Path, seed: int = 1234, if_missing: bool = Fals
 
     ``if_missing``: leave an existing checkpoint (a ``config.json`` in ``path``) untouched. Like
     the dev TTS model it is written into a staging folder and moved into place with
-    ``config.json`` last, so an interrupted write reads as no checkpoint.
+    ``config.json`` last (:func:`qwen3_tts.checkpoint_files.write_checkpoint`), so an interrupted
+    write reads as no checkpoint.
     """
     from safetensors.torch import save_file
 
-    from aligner_service.model.config import AlignerConfig
+    from aligner_service.model.config import ForcedAlignerConfig
     from aligner_service.model.text_model import AlignerThinker
+    from qwen3_tts.checkpoint_files import write_checkpoint
 
-    root = Path(path)
-    if if_missing and (root / "config.json").is_file():
-        return root
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".dev-aligner-", dir=root))
-    try:
+    def write(folder: Path) -> None:
         config = tiny_aligner_config()
         with torch.device("meta"):
-            thinker = AlignerThinker(AlignerConfig.from_dict(config))
+            thinker = AlignerThinker(ForcedAlignerConfig.from_dict(config))
         shapes = {f"thinker.{k}": tuple(v.shape) for k, v in thinker.state_dict().items()}
         state = random_aligner_state(shapes, seed)
-        structure_timestamp_weights(state, config, DEV_K)
+        structure_timestamp_weights(state, config, DEV_K, per="word", sharpness=DEV_SHARPNESS)
         save_file(
             {k: v.to(torch.bfloat16).contiguous() for k, v in state.items()},
-            str(staging / "model.safetensors"),
+            str(folder / "model.safetensors"),
             metadata={"format": "pt"},
         )
-        write_tokenizer_files(staging)
-        (staging / "dev_aligner.json").write_text(json.dumps({"seed": seed, "random": True, "k": DEV_K}))
-        (staging / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}, indent=2))
-        (root / "config.json").unlink(missing_ok=True)
-        files = sorted((p for p in staging.iterdir() if p.is_file()), key=lambda p: p.name == "config.json")
-        for file in files:
-            file.chmod(0o644)
-            os.replace(file, root / file.name)
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return root
+        write_tokenizer_files(folder)
+        (folder / "dev_aligner.json").write_text(
+            json.dumps({"seed": seed, "random": True, "k": DEV_K, "per": "word"})
+        )
+        (folder / "config.json").write_text(json.dumps(config | {"dtype": "bfloat16"}, indent=2))
+
+    return write_checkpoint(path, write, staging_prefix=".dev-aligner-", if_missing=if_missing)

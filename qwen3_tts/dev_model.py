@@ -10,9 +10,7 @@ random (seeded): the audio is noise-like, but every stage, shape and id path is 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +29,8 @@ from tts_common.release_dims import (
     speech_tokenizer_config_dict,
     talker_config_dict,
 )
+
+from .checkpoint_files import write_checkpoint
 
 ASSETS = Path(__file__).parent / "dev_assets"
 MODEL_TYPES = ("custom_voice", "base", "voice_design")
@@ -201,23 +201,14 @@ def make_dev_model(
 
     ``if_missing``: leave an existing checkpoint (a ``config.json`` in ``path``) untouched.
     ``size``: ``dev`` (tiny) or ``0b6`` / ``1b7`` (released dimensions, random weights; a few GB).
+    Written as :func:`qwen3_tts.checkpoint_files.write_checkpoint` writes (config.json last).
     """
-    root = Path(path)
-    if if_missing and (root / "config.json").is_file():
-        return root
-    # Written into a staging folder inside ``root``, then moved into place file by file with
-    # config.json last: ``root`` may be a volume's mount point (the image's /models/checkpoint),
-    # which can be filled but never removed or renamed over (EBUSY), and a folder without
-    # config.json reads as no checkpoint, so an interrupted write is redone, never loaded.
-    root.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".dev-model-", dir=root))
-    try:
-        _write_checkpoint(staging, model_type, seed, size)
-        (root / "config.json").unlink(missing_ok=True)  # incomplete until the new one lands
-        _move_files_into(staging, root, last="config.json")
-    finally:
-        shutil.rmtree(staging, ignore_errors=True)
-    return root
+    return write_checkpoint(
+        path,
+        lambda folder: _write_checkpoint(folder, model_type, seed, size),
+        staging_prefix=".dev-model-",
+        if_missing=if_missing,
+    )
 
 
 def _write_checkpoint(folder: Path, model_type: str, seed: int, size: str) -> None:
@@ -253,16 +244,3 @@ def _write_checkpoint(folder: Path, model_type: str, seed: int, size: str) -> No
     (folder / "dev_model.json").write_text(
         json.dumps({"type": model_type, "seed": seed, "random": True, "size": size}, indent=2)
     )
-
-
-def _move_files_into(source: Path, target: Path, last: str) -> None:
-    """Move every file under ``source`` to the same relative path under ``target`` (each an
-    atomic rename on one filesystem, replacing what is there), ``source/last`` after all others.
-    Each is made readable by everyone first (safetensors writes 0600), so that a checkpoint made
-    by one user loads in processes of another (the image runs as uid 10001)."""
-    files = sorted((p for p in source.rglob("*") if p.is_file()), key=lambda p: p == source / last)
-    for file in files:
-        destination = target / file.relative_to(source)
-        destination.parent.mkdir(parents=True, exist_ok=True)
-        file.chmod(0o644)
-        os.replace(file, destination)

@@ -7,6 +7,12 @@ for each Base model, and one decoder pool for all of them (their speech tokenize
 the gateway checks), behind one gateway that serves each model by name. Registered voices last
 across runs in the gateway's voice library (``--voices-db``, a SQLite file under ``.qwen3-tts/``
 by default).
+
+Word timestamps come from an aligner stage (``aligner_service``), one per stack whatever the
+number of models: on by default on the embedded dev aligner checkpoint (random weights, like the
+dev TTS checkpoint, created on first use in ``--dev-model-dir``), ``--aligner-model DIR`` for a
+released Qwen3-ForcedAligner, ``--no-aligner`` for none (requests asking for timestamps then get
+FAILED_PRECONDITION from the gateway).
 """
 
 from __future__ import annotations
@@ -127,6 +133,30 @@ def served_models(args: argparse.Namespace) -> list[ServedModel]:
     return _with_speakers([dataclasses.replace(m, path=m.path.resolve()) for m in models])
 
 
+DEV_ALIGNER_SUBDIR = "forced_aligner"
+"""The dev aligner checkpoint's folder under ``--dev-model-dir`` (beside the dev TTS types')."""
+
+
+def aligner_checkpoint(args: argparse.Namespace) -> Path | None:
+    """The aligner ``qwen3-tts up`` serves: None with ``--no-aligner``, ``--aligner-model``, else
+    the dev aligner checkpoint (created on first use)."""
+    if args.no_aligner:
+        return None
+    if args.aligner_model is not None:
+        path = Path(args.aligner_model)
+        if not (path / "config.json").is_file():
+            raise ValueError(
+                f"--aligner-model {path}: no config.json there (an aligner checkpoint directory)"
+            )
+        return path.resolve()
+    from .dev_aligner import make_dev_aligner
+
+    path = args.dev_model_dir / DEV_ALIGNER_SUBDIR
+    if not (path / "config.json").is_file():
+        print(f"creating the dev aligner checkpoint in {path} ...", flush=True)
+    return Path(make_dev_aligner(path, if_missing=True)).resolve()
+
+
 def free_port() -> int:
     """A TCP port free on loopback now."""
     with socket.socket() as s:
@@ -169,8 +199,9 @@ def on_free_ports(stages: list[StageProcess]) -> None:
 
 def point_gateway(gateway: StageProcess, stages: list[StageProcess]) -> None:
     """Set the gateway's target flags to the stage processes' addresses: ``--decoder-targets``
-    and, per model, its talkers and speaker (``--models``, or for one unnamed model
-    ``--talker-targets`` / ``--speaker-targets``)."""
+    and ``--aligner-targets`` (where the stack has an aligner), and, per model, its talkers and
+    speaker (``--models``, or for one unnamed model ``--talker-targets`` /
+    ``--speaker-targets``)."""
 
     def addresses(kind: str, model: str | None) -> list[str]:
         return [s.address for s in stages if stage_of(s.name) == kind and s.model == model]
@@ -179,6 +210,8 @@ def point_gateway(gateway: StageProcess, stages: list[StageProcess]) -> None:
         gateway.args[gateway.args.index(flag) + 1] = value
 
     put("--decoder-targets", ",".join(addresses("decoder", None)))
+    if "--aligner-targets" in gateway.args:
+        put("--aligner-targets", ",".join(addresses("aligner", None)))
     if "--models" not in gateway.args:
         put("--talker-targets", ",".join(addresses("talker", None)))
         put("--speaker-targets", ",".join(addresses("speaker", None)))
@@ -218,17 +251,21 @@ def stage_commands(
     replicas: int = 1,
     http_port: int = 8000,
     voices_db: str | None = None,
+    aligner: Path | None = None,
 ) -> list[StageProcess]:
     """Command lines of the stages and the gateway (the same flags the deploy files use), in
     start order: the first model's talker, the decoder, its speaker; the other models' talkers
-    and speakers; the extra talker and decoder replicas; the gateway last.
+    and speakers; the extra talker and decoder replicas; the aligner (``aligner``: its
+    checkpoint directory; None: no aligner stage); the gateway last.
 
     Ports: consecutive from ``base_port`` in that order (one model: talker ``base_port``,
-    decoder ``+1``, speaker ``+2``, replica k >= 2 of the talker at ``base_port + 2k - 1``, of
-    the decoder at ``base_port + 2k``); the one gateway's HTTP API and playground at
-    ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, the others 9092 on in start
-    order. ``model``: one checkpoint directory, or the served models. ``voices_db``: the
-    gateway's voice library (None: the gateway's default, a temporary one)."""
+    decoder ``+1``, speaker ``+2``, the aligner ``+3``; replica k >= 2 of the talker at
+    ``base_port + 2k - 1``, of the decoder at ``base_port + 2k``, and the aligner after the last
+    replica), so that adding the aligner moves no other port; the one gateway's HTTP API and
+    playground at ``http_port`` (0: off). Metrics (``metrics``): gateway 9091, the others 9092
+    on in start order. ``model``: one checkpoint directory, or the served models.
+    ``voices_db``: the gateway's voice library (None: the gateway's default, a temporary
+    one)."""
     if replicas < 1:
         raise ValueError(f"replicas must be >= 1, got {replicas}")
     models = [ServedModel(model)] if isinstance(model, Path) else list(model)
@@ -240,9 +277,12 @@ def stage_commands(
     dev = ["--device", device] if device else []
     named = len(models) > 1 or models[0].name is not None
     stages: list[StageProcess] = []
-    for index, (kind, served, replica) in enumerate(_start_order(models, replicas)):
+    order = _start_order(models, replicas)
+    if aligner is not None:
+        order.append(("aligner", ServedModel(aligner), 0))
+    for index, (kind, served, replica) in enumerate(order):
         stage_port = base_port + index
-        model_name = served.served_name if named and kind != "decoder" else None
+        model_name = served.served_name if named and kind in ("talker", "speaker") else None
         stages.append(
             StageProcess(
                 _process_name(kind, model_name if len(models) > 1 else None, replica),
@@ -263,6 +303,8 @@ def stage_commands(
             )
         )
     targets = ["--models", ""] if named else ["--talker-targets", "", "--speaker-targets", ""]
+    if aligner is not None:
+        targets += ["--aligner-targets", ""]
     gateway = StageProcess(
         "gateway",
         port,
@@ -287,8 +329,8 @@ def stage_commands(
 
 
 def _start_order(models: list[ServedModel], replicas: int) -> list[tuple[str, ServedModel, int]]:
-    """(stage, model, replica index) of every stage process in start order (see
-    :func:`stage_commands`); the decoder pool loads the first model's speech tokenizer."""
+    """(stage, model, replica index) of every talker, decoder and speaker process in start order
+    (see :func:`stage_commands`); the decoder pool loads the first model's speech tokenizer."""
     first = models[0]
     order = [("talker", first, 0), ("decoder", first, 0)]
     order += [("speaker", first, 0)] if first.clones else []
@@ -449,8 +491,9 @@ def stop_all(stages: list[StageProcess], grace: float = 30.0, already_signalled:
             stage.process.wait()
 
 
-def ready_message(args: argparse.Namespace, models: list[ServedModel]) -> str:
-    """What ``qwen3-tts up`` prints once every process is serving."""
+def ready_message(args: argparse.Namespace, models: list[ServedModel], aligner: Path | None = None) -> str:
+    """What ``qwen3-tts up`` prints once every process is serving (``aligner``: the aligner
+    stage's checkpoint, None without one)."""
     http = ""
     name = models[0].served_name
     if args.http_port:
@@ -466,8 +509,11 @@ def ready_message(args: argparse.Namespace, models: list[ServedModel]) -> str:
         f"\nqwen3-tts stack is up: gateway {args.host}:{args.port} "
         + (f"(model {models[0].path})" if len(models) == 1 else f"(models {served}; default {name})")
         + (f", HTTP API {args.host}:{args.http_port}" if args.http_port else "")
+        + (f", word timestamps (aligner {aligner})" if aligner is not None else ", no word timestamps")
         + "\n"
-        f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav\n'
+        f'  qwen3-tts say --gateway 127.0.0.1:{args.port} "Hello world." -o hello.wav'
+        + (" --captions hello.srt" if aligner is not None else "")
+        + "\n"
         f"  grpcurl -plaintext 127.0.0.1:{args.port} list\n"
         f"{http}"
         + (
@@ -482,6 +528,7 @@ def ready_message(args: argparse.Namespace, models: list[ServedModel]) -> str:
 
 def run_local_stack(args: argparse.Namespace) -> int:
     models = served_models(args)
+    aligner = aligner_checkpoint(args)
     replicas = args.replicas
     stages = stage_commands(
         models,
@@ -493,6 +540,7 @@ def run_local_stack(args: argparse.Namespace) -> int:
         replicas,
         http_port=args.http_port,
         voices_db=args.voices_db,
+        aligner=aligner,
     )
     busy = busy_port(stages)
     if busy is not None:
@@ -509,6 +557,8 @@ def run_local_stack(args: argparse.Namespace) -> int:
             start(stage)
         groups = {stage.name: replica_group(stage) for stage in stages}
         supervisor = Supervisor(stages, groups.__getitem__, start, is_serving)
-        return supervisor.run(stop, lambda: print(ready_message(args, models), flush=True), start_timeout=600)
+        return supervisor.run(
+            stop, lambda: print(ready_message(args, models, aligner), flush=True), start_timeout=600
+        )
     finally:
         stop_all(stages, already_signalled=stop.signal is signal.SIGINT)

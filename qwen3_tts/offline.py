@@ -157,6 +157,8 @@ class OfflineSegment:
     """Its frames in :attr:`OfflineResult.codes` (after any silence stop)."""
     finish_reason: str
     """"EOS", "LENGTH" or "SILENCE"."""
+    num_samples: int = 0
+    """Its samples in :attr:`OfflineResult.wav` (the segments follow each other there)."""
 
 
 @dataclass
@@ -297,7 +299,9 @@ class OfflineSynthesizer:
         if keep is not None:
             codes, audio, reason = codes[: keep // self.decoder.samples_per_frame], audio[:keep], "SILENCE"
         segment = job.segment
-        record = OfflineSegment(segment.start, segment.end, segment.seed, int(codes.shape[0]), reason)
+        record = OfflineSegment(
+            segment.start, segment.end, segment.seed, int(codes.shape[0]), reason, int(audio.shape[0])
+        )
         return codes, audio, record
 
     def _voice(self, plan: SynthesisPlan) -> _Voice:

@@ -11,7 +11,8 @@ The rule, per process (:func:`after_exit`):
 
 and for the stack (:class:`Supervisor`): only the gateway's exit, or a stage left without any
 replica (every one given up on), stops it. The rule is the same for every stage (talker, decoder,
-speaker, however many replicas each has).
+speaker, aligner, however many replicas each has): the optional stages (speaker, aligner) are
+supervised like the others, since the user asked for what they serve.
 """
 
 from __future__ import annotations

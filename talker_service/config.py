@@ -1,5 +1,5 @@
 """The talker process's command line: the model-stage flags, the :class:`EngineConfig` flags
-(``--max-slots --max-seq-len --max-waiting --no-cuda-graphs``) and the server flags."""
+(``--max-slots --max-seq-len --max-waiting --cuda-graphs``) and the server flags."""
 
 from __future__ import annotations
 

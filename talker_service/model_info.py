@@ -47,8 +47,11 @@ def model_info(model: TalkerModel) -> tts_pb2.ModelInfo:
     )
 
 
-def talker_info(model: TalkerModel, config: EngineConfig) -> stages_pb2.TalkerInfo:
-    """The talker's model and limits (``Talker.GetModelInfo``)."""
+def talker_info(
+    model: TalkerModel, config: EngineConfig, step_path: str = "eager", fallback_reason: str = ""
+) -> stages_pb2.TalkerInfo:
+    """The talker's model and limits (``Talker.GetModelInfo``); ``step_path`` and
+    ``fallback_reason`` as the engine's graph-path self-check left them."""
     info = model_info(model)
     # Largest accepted max_new_tokens: a request's prompt and frames share one KV slot.
     info.max_new_tokens_limit = config.max_seq_len
@@ -60,6 +63,8 @@ def talker_info(model: TalkerModel, config: EngineConfig) -> stages_pb2.TalkerIn
         device=config.device,
         dtype=config.dtype,
         speech_tokenizer=reported_fingerprint(model.config.path),
+        step_path=step_path,
+        fallback_reason=fallback_reason,
     )
 
 

@@ -62,16 +62,27 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         """Load the checkpoint and start the engine (health turns SERVING afterwards)."""
         config = self.engine_config
 
+        phases: dict[str, float] = {}
+
         def load_model_and_engine() -> tuple[TalkerModel, TalkerEngine]:
+            t0 = time.monotonic()
             model = TalkerModel.from_checkpoint(self.model_dir, config.device, getattr(torch, config.dtype))
-            return model, TalkerEngine(model, config)  # plans and allocates the KV cache
+            phases["weights"] = time.monotonic() - t0
+            engine = TalkerEngine(model, config)  # plans and allocates the KV cache, captures graphs
+            phases.update(engine.startup_seconds)
+            return model, engine
 
         # Loading computes (casts, oneDNN weight packing, cache fill): in a thread that exits, so
         # the engine's loop is the process's only compute thread (tts_common.compute_thread).
         self.model, self.engine = await run_in_fresh_thread(load_model_and_engine)
         self.engine_config = self.engine.config  # the slots the memory budget holds
         self.tokenizer_files = stages_pb2.TokenizerFiles(files=self.model.tokenizer_files)
-        self.info = talker_info(self.model, self.engine_config)
+        check = self.engine.graph_check
+        graphs = self.engine.runner.graphs
+        step_path = f"{graphs.report.mode}-graphs" if graphs is not None else "eager"
+        if check.fallback_reason:
+            step_path = "eager (fallback)"
+        self.info = talker_info(self.model, self.engine_config, step_path, check.fallback_reason)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(
@@ -86,6 +97,7 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         graphs = self.engine.runner.graphs
         if graphs is not None:  # the capture itself logged the buckets; count it with the KV
             logger.info("talker decode graphs: %s", graphs.report.summary())
+        logger.info("talker startup: %s", ", ".join(f"{k} {v:.1f} s" for k, v in phases.items()))
 
     def _observe_step(self, batch: int, seconds: float) -> None:
         """Engine-thread callback after each decode step (Prometheus)."""

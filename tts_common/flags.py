@@ -17,7 +17,7 @@ builds the dataclass back from the parsed namespace, so each setting is written 
   value), ``T | None`` (an empty value means None), ``tuple[T, ...]`` and ``frozenset[T]``
   (comma-separated; blanks around items and empty items are dropped);
 * **exceptions** are field metadata, :func:`flag` (another flag name, a negated switch such as
-  ``--no-cuda-graphs``, a validating parser, choices, another environment name, a stage-only
+  ``--no-silence-stop``, a validating parser, choices, another environment name, a stage-only
   environment variable) or :data:`NOT_A_FLAG`.
 
 Environment: the default of a flag comes from ``QWEN3TTS_<STAGE>_<KEY>``, then ``QWEN3TTS_<KEY>``
@@ -84,7 +84,7 @@ def flag(
     validates it (raise :class:`argparse.ArgumentTypeError` or ValueError), replacing the parser
     of the annotation. ``choices``: the accepted values (shown in the usage line). ``negate``: a
     ``bool`` field defaulting to True that the switch (give it a ``name`` such as
-    ``--no-cuda-graphs``) turns off. ``env``: the ``KEY`` of the environment variables (default:
+    ``--no-silence-stop``) turns off. ``env``: the ``KEY`` of the environment variables (default:
     from the flag name). ``stage_env_only``: read ``QWEN3TTS_<STAGE>_<KEY>`` only.
     """
     return {

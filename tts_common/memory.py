@@ -110,6 +110,25 @@ def parse_memory_budget(text: str) -> MemoryBudget:
     return MemoryBudget(nbytes=int(size))
 
 
+def parse_size(text: str) -> int:
+    """A size with a unit as :func:`parse_memory_budget` reads it (``"3GiB"``), or ``"0"``:
+    bytes. Raises ArgumentTypeError otherwise (a fraction means nothing here)."""
+    if text.strip() == "0":
+        return 0
+    budget = parse_memory_budget(text)
+    if budget.nbytes is None:
+        raise argparse.ArgumentTypeError(f"invalid size {text!r}: give a size with a unit, e.g. 3GiB, or 0")
+    return budget.nbytes
+
+
+def device_total_memory(device: torch.device | str) -> int | None:
+    """Total memory of a CUDA device (None elsewhere)."""
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    return int(torch.cuda.mem_get_info(device)[1])
+
+
 def format_bytes(n: int) -> str:
     """``n`` bytes with two decimals in GiB from 1 GiB (``"1.50 GiB"``), in MiB below."""
     if n >= 2**30:
@@ -200,8 +219,10 @@ def resident_bytes(pid: int | None = None) -> int:
 __all__ = [
     "MemoryBudget",
     "available_memory",
+    "device_total_memory",
     "format_bytes",
     "lazy_zeros",
     "parse_memory_budget",
+    "parse_size",
     "resident_bytes",
 ]

@@ -127,6 +127,16 @@ GENERATED_FRAMES = Counter(
     "Codec frames produced (talker) or consumed (decoder).",
     ["stage"],
 )
+SELF_CHECK_FAILURES = Counter(
+    PREFIX + "self_check_failures",
+    "Startup self-checks of a stage's graph path that failed (the stage then serves on its eager path).",
+    ["stage", "check"],
+)
+GRAPH_PATH = Gauge(
+    PREFIX + "graph_path_enabled",
+    "1 if the stage serves on its captured graph path, 0 if eager (off, or fallen back after a self-check).",
+    ["stage"],
+)
 TEXT_WAIT_TIME = Histogram(
     PREFIX + "text_wait_seconds",
     "Per streamed-text request: time it held its batch slot waiting for text (its text used up).",
@@ -173,7 +183,7 @@ READY = Gauge(
 FAILOVERS = Counter(
     PREFIX + "failovers_total",
     "Stage calls moved to another replica after a connection-level failure, by the failed stage "
-    "(peer: talker, decoder, speaker) and result: ok; refused (the replacement talker produced "
+    "(peer: talker, decoder, speaker, aligner) and result: ok; refused (the replacement talker produced "
     "different frames); exhausted (no healthy replica or no attempt left); not_replayable (the "
     "stream is longer than the frames kept for replay).",
     ["stage", "peer", "result"],
@@ -235,6 +245,8 @@ _ALL = (
     MODEL_RUNNING_STREAMS,
     MODEL_TIME_TO_FIRST_AUDIO,
     MODEL_AUDIO_SECONDS,
+    SELF_CHECK_FAILURES,
+    GRAPH_PATH,
 )
 
 
@@ -310,6 +322,7 @@ __all__ = [
     "CACHE_LOOKUPS",
     "FAILOVERS",
     "FAILOVER_SECONDS",
+    "GRAPH_PATH",
     "GENERATED_FRAMES",
     "INTER_CHUNK_LATENCY",
     "METRIC_NAMES",
@@ -325,6 +338,7 @@ __all__ = [
     "REQUESTS",
     "REQUEST_DURATION",
     "RUNNING_REQUESTS",
+    "SELF_CHECK_FAILURES",
     "STAGES",
     "STAGE_DECODER",
     "STAGE_GATEWAY",

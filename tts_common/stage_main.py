@@ -1,4 +1,4 @@
-"""The ``__main__`` of a model stage process (talker, decoder, speaker), written once, and the
+"""The ``__main__`` of a model stage process (talker, decoder, speaker, aligner), written once, and the
 flags every model stage has (:class:`StageModelConfig`)."""
 
 from __future__ import annotations

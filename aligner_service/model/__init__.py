@@ -6,7 +6,7 @@ model and the timestamp classifier), :mod:`.aligner` (one batched forward pass),
 """
 
 from .aligner import ForcedAligner
-from .config import AlignerCheckpointError, AlignerConfig
+from .config import AlignerCheckpointError, ForcedAlignerConfig
 from .frontend import AlignInput, AlignInputError, AlignPrompt
 from .loader import load_aligner
 
@@ -15,7 +15,7 @@ __all__ = [
     "AlignInputError",
     "AlignPrompt",
     "AlignerCheckpointError",
-    "AlignerConfig",
+    "ForcedAlignerConfig",
     "ForcedAligner",
     "load_aligner",
 ]

@@ -15,9 +15,8 @@ from collections.abc import Sequence
 
 import torch
 
-from .config import AlignerConfig
+from .config import ForcedAlignerConfig
 from .frontend import (
-    MAX_AUDIO_SECONDS,
     SAMPLE_RATE,
     AlignerFrontend,
     AlignInput,
@@ -34,20 +33,20 @@ class ForcedAligner:
 
     sample_rate: int = SAMPLE_RATE
     """Rate the audio is aligned at (inputs at other rates are resampled)."""
-    max_audio_seconds: float = MAX_AUDIO_SECONDS
-    """Longest audio one input may have."""
 
     def __init__(
         self, thinker: AlignerThinker, frontend: AlignerFrontend, *, model_name: str = "qwen3-forced-aligner"
     ) -> None:
         self.thinker = thinker.eval()
         self.frontend = frontend
-        self.config: AlignerConfig = thinker.config
+        self.config: ForcedAlignerConfig = thinker.config
         self.model_name = model_name
         """Name of the checkpoint (its folder name), for model info and metrics."""
         param = next(thinker.parameters())
         self.device: torch.device = param.device
         self.dtype: torch.dtype = param.dtype
+        self.max_audio_seconds: float = frontend.max_audio_seconds
+        """Longest audio one input may have (180 s for the release)."""
         self.timestamp_resolution_ms: float = self.config.timestamp_segment_time
         """Milliseconds per class (``timestamp_segment_time``, 80 in the release)."""
 

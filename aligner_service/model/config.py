@@ -54,6 +54,8 @@ class AudioEncoderConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> AudioEncoderConfig:
+        """Read ``thinker_config.audio_config`` (official defaults for absent fields);
+        :class:`AlignerCheckpointError` for a layout the audio tower does not implement."""
         where = "thinker_config.audio_config"
         if d.get("scale_embedding", False):
             raise AlignerCheckpointError(f"config.json: {where}.scale_embedding true is not supported")
@@ -90,6 +92,8 @@ class TextConfig:
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> TextConfig:
+        """Read ``thinker_config.text_config`` (official defaults for absent fields);
+        :class:`AlignerCheckpointError` for a RoPE layout other than plain RoPE."""
         where = "thinker_config.text_config"
         heads = int(_get(d, "num_attention_heads", 32, where))
         hidden = int(_get(d, "hidden_size", 4096, where))
@@ -125,8 +129,9 @@ class TextConfig:
 
 
 @dataclass(frozen=True)
-class AlignerConfig:
-    """The fields of ``config.json`` the aligner uses."""
+class ForcedAlignerConfig:
+    """The fields of a checkpoint's ``config.json`` the aligner model uses (the stage's own
+    settings are :class:`aligner_service.config.AlignerConfig`)."""
 
     audio: AudioEncoderConfig
     text: TextConfig
@@ -140,7 +145,9 @@ class AlignerConfig:
     """Milliseconds per timestamp class (80)."""
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> AlignerConfig:
+    def from_dict(cls, d: dict[str, Any]) -> ForcedAlignerConfig:
+        """Read a whole ``config.json`` dict; :class:`AlignerCheckpointError` for a checkpoint
+        that is not a forced aligner or whose fields do not fit together."""
         thinker = d.get("thinker_config")
         if not isinstance(thinker, dict):
             raise AlignerCheckpointError("config.json: thinker_config is missing: not a Qwen3-ASR checkpoint")
@@ -174,7 +181,7 @@ class AlignerConfig:
         return cfg
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path) -> AlignerConfig:
+    def from_checkpoint(cls, path: str | Path) -> ForcedAlignerConfig:
         """Read ``path/config.json``."""
         file = Path(path) / "config.json"
         try:

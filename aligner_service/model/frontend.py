@@ -16,7 +16,12 @@ never changes what an utterance is aligned with.
 Prompt (§12 step 3): ``<|audio_start|>`` + ``<|audio_pad|>`` x audio_token_count + ``<|audio_end|>``
 then, per word, its tokens and two ``<timestamp>``. The official code tokenizes that whole string;
 its added tokens cut it into segments that are normalised and split separately, so tokenizing
-each word alone gives the same ids.
+each word alone gives the same ids. The split regex is Qwen2's (``tts_common.text.tokenizer``, as
+everywhere in this project); the official loader swaps in the "Mistral regex" for a local copy of
+a release whose ``config.json`` has no ``transformers_version`` <= 4.57.2 (ARCHITECTURE.md §1, §12),
+which for the cleaned words (letters, digits and ``'`` only) changes the ids of words with a
+capital after a lower-case letter (``iPhone``) or letters after a contraction (``don'tcha``),
+never those of other Latin, CJK, kana or Hangul words.
 """
 
 from __future__ import annotations
@@ -32,7 +37,7 @@ from tts_common.audio import check_sample_rate, resample
 from tts_common.text.tokenizer import TextTokenizer, TokenizerError
 
 from .audio_encoder import audio_token_count
-from .config import AlignerCheckpointError, AlignerConfig
+from .config import AlignerCheckpointError, ForcedAlignerConfig
 
 SAMPLE_RATE = 16000
 """The rate the features are computed at."""
@@ -40,7 +45,9 @@ MIN_SAMPLES = 400
 """Shortest audio at 16 kHz: one STFT window (the feature extractor's reflect padding needs more
 than half a window, and the model at least one 10 ms frame)."""
 MAX_AUDIO_SECONDS = 180.0
-"""Longest audio the official package aligns in one pass (``MAX_FORCE_ALIGN_INPUT_SECONDS``)."""
+"""Longest audio the official package aligns in one pass (``MAX_FORCE_ALIGN_INPUT_SECONDS``);
+a checkpoint with fewer timestamp classes than that needs allows less (see
+:attr:`AlignerFrontend.max_audio_seconds`)."""
 AUDIO_START = "<|audio_start|>"
 AUDIO_END = "<|audio_end|>"
 TIMESTAMP = "<timestamp>"
@@ -73,8 +80,11 @@ class AlignPrompt:
     num_words: int
 
 
-def prepare_waveform(audio: np.ndarray, sample_rate: int) -> np.ndarray:
-    """Mono float32 16 kHz samples in [-1, 1] as the official package prepares them."""
+def prepare_waveform(
+    audio: np.ndarray, sample_rate: int, max_seconds: float = MAX_AUDIO_SECONDS
+) -> np.ndarray:
+    """Mono float32 16 kHz samples in [-1, 1] as the official package prepares them; raises
+    :class:`AlignInputError` for audio that cannot be aligned (over ``max_seconds`` among others)."""
     try:
         rate = check_sample_rate(sample_rate)
     except ValueError as exc:
@@ -90,10 +100,8 @@ def prepare_waveform(audio: np.ndarray, sample_rate: int) -> np.ndarray:
     if not np.isfinite(x).all():
         raise AlignInputError("audio contains NaN or infinite samples")
     seconds = x.shape[0] / rate
-    if seconds > MAX_AUDIO_SECONDS:
-        raise AlignInputError(
-            f"audio is {seconds:.1f} s long; at most {MAX_AUDIO_SECONDS:g} s can be aligned"
-        )
+    if seconds > max_seconds:
+        raise AlignInputError(f"audio is {seconds:.1f} s long; at most {max_seconds:g} s can be aligned")
     if rate != SAMPLE_RATE:
         x = resample(x, rate, SAMPLE_RATE)
     if x.shape[0] < MIN_SAMPLES:
@@ -109,7 +117,9 @@ def prepare_waveform(audio: np.ndarray, sample_rate: int) -> np.ndarray:
 class AlignerFrontend:
     """Features and prompt ids for :class:`AlignInput` s, from a checkpoint's processor files."""
 
-    def __init__(self, config: AlignerConfig, tokenizer: TextTokenizer, feature_extractor: object) -> None:
+    def __init__(
+        self, config: ForcedAlignerConfig, tokenizer: TextTokenizer, feature_extractor: object
+    ) -> None:
         self.config = config
         self.tokenizer = tokenizer
         self.feature_extractor = feature_extractor
@@ -125,9 +135,14 @@ class AlignerFrontend:
                 f"{TIMESTAMP} ({timestamp_id})"
             )
         self._reserved = tuple(tokenizer.added_tokens)
+        self.max_audio_seconds = min(
+            MAX_AUDIO_SECONDS, config.classify_num * config.timestamp_segment_time / 1000.0
+        )
+        """Longest audio an input may have: the official limit, or less where the classes cannot
+        reach further (the release's 5000 x 80 ms reach 400 s)."""
 
     @classmethod
-    def from_checkpoint(cls, path: str | Path, config: AlignerConfig) -> AlignerFrontend:
+    def from_checkpoint(cls, path: str | Path, config: ForcedAlignerConfig) -> AlignerFrontend:
         """Tokenizer (``vocab.json``, ``merges.txt``, ``tokenizer_config.json``) and Whisper feature
         extractor (``preprocessor_config.json``) of checkpoint ``path``."""
         from transformers import WhisperFeatureExtractor  # heavy import: only where a model loads
@@ -165,8 +180,12 @@ class AlignerFrontend:
         ts = self.config.timestamp_token_id
         ids: list[int] = []
         for i, word in enumerate(words):
-            if not isinstance(word, str) or not word.strip():
+            if not isinstance(word, str) or not word:
                 raise AlignInputError(f"word {i} is empty")
+            if any(ch.isspace() for ch in word):
+                # the official word lists never hold whitespace (they are split on it), and a
+                # space would change the word's tokens
+                raise AlignInputError(f"word {i} contains whitespace")
             for token in self._reserved:
                 if token in word:
                     raise AlignInputError(f"word {i} contains the reserved token text {token!r}")
@@ -183,12 +202,12 @@ class AlignerFrontend:
         """Validate one input and compute its features and prompt ids."""
         if not isinstance(item.words, (list, tuple)) or not item.words:
             raise AlignInputError("an alignment needs at least one word")
-        features = self.features(prepare_waveform(item.audio, item.sample_rate))
+        features = self.features(prepare_waveform(item.audio, item.sample_rate, self.max_audio_seconds))
         ids = self.prompt_ids(features.shape[1], item.words)
         return AlignPrompt(features=features, input_ids=ids, num_words=len(item.words))
 
 
-def _check_audio_token(root: Path, tokenizer: TextTokenizer, config: AlignerConfig) -> None:
+def _check_audio_token(root: Path, tokenizer: TextTokenizer, config: ForcedAlignerConfig) -> None:
     """The official processor finds the audio placeholder's text only under
     ``extra_special_tokens.audio_token`` of ``tokenizer_config.json`` (§12); its id must be the
     config's ``audio_token_id``, or the official model would not find the audio positions."""

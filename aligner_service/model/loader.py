@@ -16,7 +16,7 @@ import torch
 from tts_common.weights import load_prefixed_state_dict
 
 from .aligner import ForcedAligner
-from .config import AlignerCheckpointError, AlignerConfig
+from .config import AlignerCheckpointError, ForcedAlignerConfig
 from .frontend import AlignerFrontend
 from .text_model import AlignerThinker
 
@@ -38,7 +38,7 @@ def load_aligner(
         raise AlignerCheckpointError(f"aligner checkpoint folder {root} does not exist")
     if dtype not in (torch.float32, torch.bfloat16, torch.float16):
         raise AlignerCheckpointError(f"unsupported dtype {dtype}")
-    config = AlignerConfig.from_checkpoint(root)
+    config = ForcedAlignerConfig.from_checkpoint(root)
     frontend = AlignerFrontend.from_checkpoint(root, config)
     weights = root / WEIGHTS_FILE
     if not weights.is_file():

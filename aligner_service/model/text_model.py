@@ -22,7 +22,7 @@ from torch import nn
 from tts_common.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 
 from .audio_encoder import AudioEncoder
-from .config import AlignerConfig, TextConfig
+from .config import ForcedAlignerConfig, TextConfig
 
 
 class TextAttention(nn.Module):
@@ -120,7 +120,7 @@ class TextModel(nn.Module):
 class AlignerThinker(nn.Module):
     """Audio tower + text model + timestamp classifier (checkpoint prefix ``thinker.``)."""
 
-    def __init__(self, config: AlignerConfig) -> None:
+    def __init__(self, config: ForcedAlignerConfig) -> None:
         super().__init__()
         self.config = config
         self.audio_tower = AudioEncoder(config.audio)

@@ -17,7 +17,7 @@ from typing import Any
 
 from tts_common.errors import FailedPreconditionError
 
-from .units import Piece
+from .pieces import Piece
 
 _lock = threading.Lock()
 

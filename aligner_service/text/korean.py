@@ -15,7 +15,7 @@ import functools
 from collections.abc import Iterator
 from importlib import resources
 
-from .units import Piece, whitespace_pieces
+from .pieces import Piece, whitespace_pieces
 
 DICTIONARY = "korean_dict_jieba.dict"
 

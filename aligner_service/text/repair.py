@@ -76,4 +76,14 @@ def repair_timestamps(values: Sequence[float]) -> list[int]:
     return [int(v) for v in result]
 
 
-__all__ = ["longest_non_decreasing", "repair_timestamps"]
+def repaired_unit_times(classes: Sequence[int], resolution_ms: float, units: int) -> list[tuple[int, int]]:
+    """Each of ``units`` units' (start, end) in milliseconds: the model's raw classes ``2i`` and
+    ``2i + 1`` times ``resolution_ms``, repaired over the whole utterance
+    (:func:`repair_timestamps`). RuntimeError when the model gave another number of classes."""
+    if len(classes) != 2 * units:
+        raise RuntimeError(f"the aligner gave {len(classes)} timestamps for {units} units")
+    ms = repair_timestamps([c * resolution_ms for c in classes])
+    return list(zip(ms[::2], ms[1::2]))
+
+
+__all__ = ["longest_non_decreasing", "repair_timestamps", "repaired_unit_times"]

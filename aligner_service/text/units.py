@@ -24,6 +24,10 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
+from .japanese import japanese_pieces
+from .korean import korean_pieces
+from .pieces import Piece, whitespace_pieces
+
 UnitMode = Literal["word", "character"]
 """How a text is cut into timing units."""
 
@@ -38,15 +42,6 @@ class Unit:
     """First code point of the unit's span of the original text."""
     char_end: int
     """One past its last code point: the span is ``text[char_start:char_end]`` of the original."""
-
-
-@dataclass(frozen=True)
-class Piece:
-    """A segmenter's piece of a text: its characters (possibly normalised, as the segmenter read
-    them) and, per character, the span ``[start, end)`` of the original text it stands for."""
-
-    chars: str
-    spans: Sequence[tuple[int, int]]
 
 
 def is_kept_char(ch: str) -> bool:
@@ -71,18 +66,6 @@ def is_cjk_ideograph(ch: str) -> bool:
     """Whether ``ch`` is a CJK ideograph by the official processor's ranges."""
     code = ord(ch)
     return any(lo <= code <= hi for lo, hi in _CJK_RANGES)
-
-
-def whitespace_pieces(text: str) -> Iterator[Piece]:
-    """``text.split()``'s pieces (same whitespace: ``str.isspace``), each with its own spans."""
-    start = None
-    for pos, ch in enumerate([*text, " "]):
-        if ch.isspace():
-            if start is not None:
-                yield Piece(text[start:pos], [(k, k + 1) for k in range(start, pos)])
-                start = None
-        elif start is None:
-            start = pos
 
 
 def _unit(piece: Piece, indices: Sequence[int]) -> Unit:
@@ -116,12 +99,8 @@ def word_units(text: str, language: str = "") -> list[Unit]:
     split on whitespace)."""
     lang = language.lower()
     if lang == "japanese":
-        from .japanese import japanese_pieces
-
         return [u for piece in japanese_pieces(text) for u in _clean(piece, split_cjk=False)]
     if lang == "korean":
-        from .korean import korean_pieces
-
         return [u for piece in korean_pieces(text) for u in _clean(piece, split_cjk=False)]
     return [u for piece in whitespace_pieces(text) for u in _clean(piece, split_cjk=True)]
 
@@ -141,13 +120,11 @@ def split_units(text: str, language: str = "", mode: UnitMode = "word") -> list[
 
 
 __all__ = [
-    "Piece",
     "Unit",
     "UnitMode",
     "character_units",
     "is_cjk_ideograph",
     "is_kept_char",
     "split_units",
-    "whitespace_pieces",
     "word_units",
 ]

@@ -23,16 +23,35 @@ from .decoder import CodecDecoder
 from .primitives import State
 
 
+class _BatchBuffers:
+    """Static inputs every frames bucket of one batch size shares: the streaming state (the
+    largest static buffers: conv histories, attention windows) and the positions. Sharing is safe
+    because :meth:`CudaGraphSteps.step` writes them before every replay and graphs never run
+    concurrently; it keeps the static state at one copy per batch size instead of one per
+    (batch, frames) bucket."""
+
+    def __init__(self, decoder: CodecDecoder, batch: int) -> None:
+        self.batch = batch
+        self.positions = torch.zeros(batch, dtype=torch.long, device=decoder.device)
+        self.state = decoder.init_state(batch)
+
+    @property
+    def nbytes(self) -> int:
+        tensors = [self.positions, *self.state.values()]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
 class _Bucket:
     """Static inputs of one (batch, frames) bucket and its step."""
 
-    def __init__(self, decoder: CodecDecoder, batch: int, frames: int) -> None:
+    def __init__(self, decoder: CodecDecoder, frames: int, shared: _BatchBuffers) -> None:
         dev = decoder.device
         self.decoder = decoder
+        batch = shared.batch
         self.codes = torch.zeros((batch, decoder.num_quantizers, frames), dtype=torch.long, device=dev)
-        self.positions = torch.zeros(batch, dtype=torch.long, device=dev)
+        self.positions = shared.positions
         self.lengths = torch.full((batch,), frames, dtype=torch.long, device=dev)
-        self.state = decoder.init_state(batch)
+        self.state = shared.state
 
     def run(self) -> tuple[Tensor, State]:
         return self.decoder.step(self.codes, self.positions, self.lengths, self.state)
@@ -54,7 +73,12 @@ class CudaGraphSteps:
         shapes = sorted(
             ((b, n) for b in batch_buckets for n in frame_buckets), key=lambda s: (-s[0] * s[1], s)
         )
-        self._buckets = {shape: _Bucket(decoder, *shape) for shape in shapes}
+        shared = {b: _BatchBuffers(decoder, b) for b in sorted(set(batch_buckets))}
+        self._buckets = {(b, n): _Bucket(decoder, n, shared[b]) for b, n in shapes}
+        self.static_bytes = sum(x.nbytes for x in shared.values()) + sum(
+            b.codes.numel() * b.codes.element_size() + b.lengths.numel() * 8 for b in self._buckets.values()
+        )
+        """Device memory of the static inputs (outside the graphs' pool): count it with the pool."""
         with torch.inference_mode():
             self.captured, self.report = StepCapture(decoder.device, mode).capture_all(
                 [(self._name(shape), self._buckets[shape].run) for shape in shapes], "decoder step"

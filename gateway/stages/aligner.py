@@ -5,17 +5,13 @@ stateless)."""
 
 from __future__ import annotations
 
-import grpc
 import numpy as np
 
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
-from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 
 from ..config import FailoverPolicy
-from .errors import StageError
-from .failover import call_with_failover
-from .routing import Endpoint, StageClient
-from .speaker import stage_timeout
+from .failover import call_stateless_stage, stage_timeout
+from .routing import StageClient
 
 
 class AlignerStage:
@@ -55,19 +51,15 @@ class AlignerStage:
             language=language,
             unit=unit,
         )
-
-        async def call(endpoint: Endpoint[stages_pb2_grpc.AlignerStub]) -> stages_pb2.AlignResponse:
-            reply: stages_pb2.AlignResponse = await endpoint.stub.Align(
-                request,
-                timeout=stage_timeout(self.timeout_seconds, time_remaining),
-                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
-            )
-            return reply
-
-        try:
-            return await call_with_failover(self.client, self.failover, request_id, call)
-        except grpc.aio.AioRpcError as exc:
-            raise StageError.from_rpc_error("aligner", exc) from exc
+        reply: stages_pb2.AlignResponse = await call_stateless_stage(
+            self.client,
+            self.failover,
+            lambda stub: stub.Align,
+            request,
+            request_id,
+            stage_timeout(self.timeout_seconds, time_remaining),
+        )
+        return reply
 
 
 __all__ = ["AlignerStage"]

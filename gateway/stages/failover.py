@@ -3,7 +3,8 @@
 Our stages are deterministic, so a replacement replica can rebuild a stream: the decoder's audio
 is a pure function of the codec frames (exact streaming), and the talker's frames for a request
 and seed are the same on any replica and in any batch (batch-invariant sampling). This module
-holds the pieces :mod:`gateway.stages.pipeline` (and the speaker call in :mod:`gateway.stages.speaker`) use
+holds the pieces :mod:`gateway.stages.pipeline` (and the calls of :mod:`gateway.stages.speaker` and
+:mod:`gateway.stages.aligner`) use
 (how far to go, :class:`~gateway.config.FailoverPolicy`, lives with the configuration):
 
 * :func:`is_connection_failure` — which gRPC statuses mean "the replica or the connection to it
@@ -11,7 +12,9 @@ holds the pieces :mod:`gateway.stages.pipeline` (and the speaker call in :mod:`g
 * :class:`FrameLog` — the codec frames forwarded for one stream, bounded, for replay to a new
   decoder and for checking a new talker's frames against those already forwarded;
 * :func:`trim_pcm` — the part of a replayed decoder chunk the client does not have yet;
-* :func:`call_with_failover` — a unary call retried on other replicas (stateless stages);
+* :func:`call_with_failover` — a unary call retried on other replicas (stateless stages), and
+  :func:`call_stateless_stage`, the whole call of the speaker and aligner stages over it (deadline,
+  request id, the error named after the stage), with :func:`stage_timeout` its deadline;
 * :func:`record_failover` — the log line and the count of one failover.
 """
 
@@ -19,15 +22,16 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Awaitable, Callable, Iterator
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import grpc
 import numpy as np
 
 from tts_common import metrics
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 
-from .errors import CONNECTION_FAILURES, is_connection_failure
+from .errors import CONNECTION_FAILURES, StageError, is_connection_failure
 from .routing import Endpoint, StageClient
 
 if TYPE_CHECKING:
@@ -186,11 +190,42 @@ async def call_with_failover(
         endpoint = replacement
 
 
+def stage_timeout(limit: float, time_remaining: float | None) -> float:
+    """A stage call's deadline: ``limit``, or the client's remaining time if shorter."""
+    return limit if time_remaining is None else max(min(limit, time_remaining), 0.001)
+
+
+async def call_stateless_stage(
+    client: StageClient[StubT],
+    policy: FailoverPolicy,
+    rpc: Callable[[StubT], Callable[..., Awaitable[T]]],
+    request: Any,
+    request_id: str,
+    timeout: float,
+) -> T:
+    """``rpc(stub)(request)``, one unary call of a stateless stage (speaker, aligner): the
+    request id in its metadata, ``timeout`` its deadline (:func:`stage_timeout`), failed over
+    by :func:`call_with_failover`; a gRPC error becomes a :class:`StageError` naming the
+    client's stage."""
+
+    async def call(endpoint: Endpoint[StubT]) -> T:
+        return await rpc(endpoint.stub)(
+            request, timeout=timeout, metadata=((REQUEST_ID_METADATA_KEY, request_id),)
+        )
+
+    try:
+        return await call_with_failover(client, policy, request_id, call)
+    except grpc.aio.AioRpcError as exc:
+        raise StageError.from_rpc_error(client.stage, exc) from exc
+
+
 __all__ = [
     "CONNECTION_FAILURES",
     "FrameLog",
+    "call_stateless_stage",
     "call_with_failover",
     "is_connection_failure",
     "record_failover",
+    "stage_timeout",
     "trim_pcm",
 ]

@@ -10,7 +10,6 @@ import grpc
 
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
-from tts_common.serving.request_ids import REQUEST_ID_METADATA_KEY
 from tts_common.synthesis.validation import (
     NATIVE_SAMPLE_RATE,
     RequestLimits,
@@ -20,13 +19,8 @@ from tts_common.synthesis.validation import (
 
 from ..config import FailoverPolicy
 from .errors import StageError
-from .failover import call_with_failover
-from .routing import Endpoint, StageClient
-
-
-def stage_timeout(limit: float, time_remaining: float | None) -> float:
-    """A stage call's deadline: ``limit``, or the client's remaining time if shorter."""
-    return limit if time_remaining is None else max(min(limit, time_remaining), 0.001)
+from .failover import call_stateless_stage, stage_timeout
+from .routing import StageClient
 
 
 class SpeakerStage:
@@ -67,19 +61,14 @@ class SpeakerStage:
             sample_rate=clone.ref_audio_sample_rate,
             want_codes=want_codes,
         )
-
-        async def call(endpoint: Endpoint[stages_pb2_grpc.SpeakerStub]) -> stages_pb2.ReferenceEmbedding:
-            reply: stages_pb2.ReferenceEmbedding = await endpoint.stub.EmbedReference(
-                request,
-                timeout=stage_timeout(self.timeout_seconds, time_remaining),
-                metadata=((REQUEST_ID_METADATA_KEY, request_id),),
-            )
-            return reply
-
-        try:
-            embedding = await call_with_failover(self.client, self.failover, request_id, call)
-        except grpc.aio.AioRpcError as exc:
-            raise StageError.from_rpc_error("speaker", exc) from exc
+        embedding: stages_pb2.ReferenceEmbedding = await call_stateless_stage(
+            self.client,
+            self.failover,
+            lambda stub: stub.EmbedReference,
+            request,
+            request_id,
+            stage_timeout(self.timeout_seconds, time_remaining),
+        )
         check_speaker_embedding(
             len(embedding.speaker_embedding), talker.speaker_embedding_dim, "the speaker stage's x-vector"
         )
@@ -92,4 +81,4 @@ class SpeakerStage:
         return embedding
 
 
-__all__ = ["SpeakerStage", "stage_timeout"]
+__all__ = ["SpeakerStage"]

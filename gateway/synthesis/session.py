@@ -75,9 +75,8 @@ class _StreamedUtterance:
 
     index: int
     text_start: int
-    text_end: int
     seed: int
-    text: str = ""
+    text: str
     """Its text so far, as sent to the talker (the stream's ``[text_start, text_end)``)."""
     feed: asyncio.Queue[stages_pb2.TalkerClientMessage | None] = field(default_factory=asyncio.Queue)
     cancelled: asyncio.Event = field(default_factory=asyncio.Event)
@@ -86,6 +85,11 @@ class _StreamedUtterance:
     cut: asyncio.Task[tts_pb2.TimedUnit | None] | None = None
     """With timestamps, after a cancel: its last unit sent whole (being aligned)."""
     done: UtteranceDone | None = None
+
+    @property
+    def text_end(self) -> int:
+        """One past its last character in the stream's text."""
+        return self.text_start + len(self.text)
 
     def record(self, finish_reason: int | None = None) -> SegmentRecord:
         """What the summary and its utterance_end say of it (``finish_reason``: else its own)."""
@@ -279,7 +283,6 @@ class StreamingSession:
                 self._current.feed.put_nowait(
                     stages_pb2.TalkerClientMessage(append_text=stages_pb2.AppendText(text=action.text))
                 )
-                self._current.text_end += len(action.text)
                 self._current.text += action.text
             elif isinstance(action, EndUtterance):
                 assert self._current is not None
@@ -292,7 +295,7 @@ class StreamingSession:
         plan = self._prepared.plan
         index = len(self._utterances)
         segment = segment_plan(plan, index, action.start, action.start + len(action.text), action.text)
-        utterance = _StreamedUtterance(index, segment.start, segment.end, segment.seed, action.text)
+        utterance = _StreamedUtterance(index, segment.start, segment.seed, action.text)
         stages = utterance_plan(segment, self._request_id, self._prepared.voice, self._prepared.output_plan)
         stages.talker_request.text_open = True
         self._plans.put_nowait(

@@ -19,7 +19,7 @@ the streamed) text.
 Failure. An aligner that fails, is unreachable, refuses the audio or answers spans outside the
 text never fails the stream: the utterance's ``timestamps`` message carries ``error`` and no
 units (logged as a warning), so a client always gets exactly one message per utterance with
-audio.
+audio. An unexpected failure's ``error`` names the request id only, as an INTERNAL status does.
 
 Barge-in. A cancelled utterance's audio sent so far is aligned, from the moment of the cancel,
 with the text it had received (:meth:`Timestamper.cut`): the last unit that ends before the audio
@@ -42,6 +42,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
 from ..stages.aligner import AlignerStage
+from ..stages.errors import StageError
 from .responses import ResponseBuilder
 from .utterances import UtteranceEvent
 
@@ -192,15 +193,7 @@ class Timestamper:
             return None
         samples = np.concatenate(pieces)
         try:
-            reply = await asyncio.wait_for(self._call(samples, text), CUT_ALIGN_WAIT_S)
-            units = timed_units(
-                reply,
-                text,
-                text_start,
-                samples.size,
-                self.sample_rate,
-                lambda offset: self.builder.output_sample(index, offset),
-            )
+            units = await asyncio.wait_for(self._units(index, samples, text, text_start), CUT_ALIGN_WAIT_S)
         except (Exception, asyncio.TimeoutError) as exc:  # noqa: BLE001 - the audio goes on
             logger.warning("utterance %d: aligning the audio sent before the cancel failed: %s", index, exc)
             return None
@@ -219,8 +212,12 @@ class Timestamper:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
 
-    async def _call(self, samples: np.ndarray, text: str) -> stages_pb2.AlignResponse:
-        return await self.aligner.align(
+    async def _units(
+        self, index: int, samples: np.ndarray, text: str, text_start: int
+    ) -> list[tts_pb2.TimedUnit]:
+        """Utterance ``index``'s units (``text``, at ``text_start``) timed by the aligner in
+        ``samples`` (its native audio from its start) and placed in the output as sent."""
+        reply = await self.aligner.align(
             samples,
             self.sample_rate,
             text,
@@ -229,25 +226,31 @@ class Timestamper:
             self.request_id,
             None if self._deadline is None else self._deadline - time.monotonic(),
         )
+        return timed_units(
+            reply,
+            text,
+            text_start,
+            samples.size,
+            self.sample_rate,
+            lambda offset: self.builder.output_sample(index, offset),
+        )
 
     async def _align(self, index: int, samples: np.ndarray, text: str, text_start: int) -> None:
         message = tts_pb2.Timestamps(index=index, unit=self.unit)
         try:
-            reply = await self._call(samples, text)
-            message.units.extend(
-                timed_units(
-                    reply,
-                    text,
-                    text_start,
-                    samples.size,
-                    self.sample_rate,
-                    lambda offset: self.builder.output_sample(index, offset),
-                )
-            )
-        except Exception as exc:  # noqa: BLE001 - an aligner failure never fails the audio
-            logger.warning("utterance %d: no timestamps: %s", index, exc)
-            message.error = str(exc) or type(exc).__name__
+            message.units.extend(await self._units(index, samples, text, text_start))
+        except Exception as exc:  # an aligner failure never fails the audio
+            # StageError and AlignmentError messages are written for clients (a StageError's
+            # details are logged where it is raised); anything else is a bug: only the log has it.
+            told = isinstance(exc, StageError | AlignmentError)
+            logger.warning("utterance %d: no timestamps: %s", index, exc, exc_info=not told)
+            message.error = str(exc) if told else _internal_error(self.request_id)
         self.ready.put_nowait(tts_pb2.SynthesizeResponse(timestamps=message))
+
+
+def _internal_error(request_id: str) -> str:
+    where = f" (request id {request_id})" if request_id else ""
+    return f"the alignment failed with an internal error{where}; the details are in the server log"
 
 
 class _End:

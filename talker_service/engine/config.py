@@ -5,9 +5,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from tts_common.flags import NOT_A_FLAG, flag
-from tts_common.memory import MemoryBudget, parse_memory_budget
+from tts_common.flags import NOT_A_FLAG, flag, positive_int
+from tts_common.memory import MemoryBudget, parse_memory_budget, parse_size
 from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES
+from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.synthesis import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 
 
@@ -28,8 +29,14 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    use_cuda_graphs: bool = field(default=True, metadata=flag(name="--no-cuda-graphs", negate=True))
-    """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only)."""
+    max_prefills_per_step: int = field(default=1, metadata=flag(parse=positive_int))
+    """Requests prefilled between two decode steps while other requests are running (each prefill
+    is a forward of its own: short streamed-text prompts would otherwise let dozens land between
+    two frames of every running stream). An idle engine admits up to the token bound at once."""
+    cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
+    """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only): auto = capture
+    and self-check before serving, falling back to eager on a failure (ERROR log, metric, reason
+    in the model info); on = a failure stops the talker; off = eager."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (any device): "capture" records each bucket's static step,
     "replay" reruns it eagerly on the same buffers. For tests of the graph bookkeeping on CPU."""
@@ -47,6 +54,12 @@ class EngineConfig:
     """Memory the talker KV cache may take with every slot full: a fraction of the memory
     available after loading the weights (RAM on CPU, free GPU memory on CUDA), or a size such as
     4GiB; the slot count is what fits, at most --max-slots (see engine/kv_memory.py)."""
+    other_stages_memory: int = field(default=0, metadata=flag(parse=parse_size))
+    """Device memory the stages beside the talker on its device take (decoder, speaker: weights,
+    graphs, CUDA contexts; ``qwen3-tts doctor`` prints it in the device's memory plan), e.g. 3GiB.
+    On CUDA a --kv-memory fraction is then of the device's total less this share and what the
+    talker holds after loading, whichever stage loads first; elsewhere of the available memory
+    less this share."""
     linear: str = field(default="auto", metadata=flag(choices=LINEAR_CHOICES))
     """CPU linear kernels: auto = the fastest per layer shape, measured at load over the batch
     buckets and cached per CPU model; onednn (pre-packed), gemv (ours), torch (tts_common/precision.py)."""

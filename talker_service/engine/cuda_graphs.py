@@ -23,6 +23,7 @@ exercises bucket choice, bucket switches, padding rows and sampled rows against 
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -43,8 +44,10 @@ def graph_mode(config: EngineConfig, device: torch.device) -> CaptureMode | None
     """How the runner steps: real CUDA graphs, their emulation, or None (eager)."""
     if config.emulate_cuda_graphs:
         return "emulated"
-    if device.type == "cuda" and config.use_cuda_graphs:
+    if device.type == "cuda" and config.cuda_graphs != "off":
         return "cuda"
+    if config.cuda_graphs == "on":
+        raise ValueError(f"--cuda-graphs on needs a cuda device, not {device}")
     return None
 
 
@@ -78,14 +81,19 @@ class _Bucket:
         self._rows = torch.arange(batch, device=dev)
         self._talker, self._cache, self._noise_table = talker, cache, noise_table
         self._state = leading_rows(table, batch)
-        self._attention = InPlaceAttention(batch, cache.max_len, dev, kernel)
+        self.attention = InPlaceAttention(batch, cache.max_len, dev, kernel)
+        """The step's attention (its per-row lengths and mask; read by the self-checks)."""
         cp = talker.cfg.code_predictor
         self._cp_shape = (cp.num_code_groups - 1, cp.vocab_size)
 
-    def run(self) -> torch.Tensor:
-        """The captured step: [B, G+2] int64 = frame codes, next code0, EOS flag."""
-        noise = self._noise_table[: self.batch][self._rows, self.noise_rows]  # [B, W]: B rows, no KV
-        talker_noise, cp_noise = split_step_noise(noise, *self._cp_shape)
+    def run(self, sampling: bool = True) -> torch.Tensor:
+        """The captured step: [B, G+2] int64 = frame codes, next code0, EOS flag.
+        ``sampling`` False: the all-greedy variant (no noise, no sampling kernels; the codes of
+        greedy rows are the same bits either way, see ``choose_tokens``)."""
+        talker_noise = cp_noise = None
+        if sampling:
+            noise = self._noise_table[: self.batch][self._rows, self.noise_rows]  # [B, W]: B rows, no KV
+            talker_noise, cp_noise = split_step_noise(noise, *self._cp_shape)
         out = decode_step(
             self._talker,
             self._cache,
@@ -95,7 +103,7 @@ class _Bucket:
             talker_noise,
             cp_noise,
             active=self.active,
-            in_place=self._attention,
+            in_place=self.attention,
         )
         return torch.cat(
             [out.frame_codes, out.next_code0[:, None], out.is_eos[:, None].to(out.frame_codes.dtype)], dim=1
@@ -115,27 +123,40 @@ class GraphStep:
         mode: CaptureMode,
     ) -> None:
         self.config = config
-        kernel = attention_kernel(config, cache.k.device)
+        self.replay = True
+        """False: :meth:`step` runs each bucket's step eagerly instead of replaying its graph (on
+        CUDA the self-check's reference: same kernels and buffers, no capture)."""
+        self.kernel = kernel = attention_kernel(config, cache.k.device)
         self.buckets = {
             b: _Bucket(talker, cache, table, noise_table, b, kernel) for b in config.graph_buckets
         }
         capture = StepCapture(cache.k.device, mode)
         # Largest first: the first capture sizes the shared pool, smaller ones reuse it. Capture
         # runs the step with every row inactive, so no slot's state changes.
+        # Each bucket twice: with sampling, and all-greedy (greedy-only batches skip the
+        # full-vocabulary sorts of the sampling kernels).
         order = sorted(self.buckets, reverse=True)
         self.captured: dict[str, CapturedStep[torch.Tensor]]
         self.captured, self.report = capture.capture_all(
-            [(self._name(b), self.buckets[b].run) for b in order], "talker decode step"
+            [
+                (self._name(b, sampling), functools.partial(self.buckets[b].run, sampling))
+                for b in order
+                for sampling in (True, False)
+            ],
+            "talker decode step",
         )
         self.report: CaptureReport
 
     @staticmethod
-    def _name(batch: int) -> str:
-        return f"talker[B={batch}]"
+    def _name(batch: int, sampling: bool = True) -> str:
+        return f"talker[B={batch}]" if sampling else f"talker[B={batch},greedy]"
 
-    def step(self, slots: list[int], trailing: torch.Tensor, noise_rows: list[int]) -> StepOutput:
+    def step(
+        self, slots: list[int], trailing: torch.Tensor, noise_rows: list[int], sampling: bool = True
+    ) -> StepOutput:
         """One decode step for the requests in ``slots`` (all < the running count, so inside
-        the bucket); outputs in the order of ``slots``."""
+        the bucket); outputs in the order of ``slots``. ``sampling`` False: no row samples at any
+        stage (the greedy variant replays)."""
         bucket = self.buckets[self.config.bucket_for(max(slots) + 1)]
         device = bucket.active.device
         index = torch.tensor(slots, dtype=torch.int64, device=device)
@@ -143,5 +164,9 @@ class GraphStep:
         bucket.active[index] = True
         bucket.trailing[index] = trailing
         bucket.noise_rows[index] = torch.tensor(noise_rows, dtype=torch.int64, device=device)
-        packed = self.captured[self._name(bucket.batch)].replay()[index]  # a copy: safe past the next replay
+        if self.replay:
+            out = self.captured[self._name(bucket.batch, sampling)].replay()
+        else:  # the same step, run eagerly on the same buffers (the self-check's reference)
+            out = bucket.run(sampling)
+        packed = out[index]  # a copy: safe past the next replay
         return StepOutput(frame_codes=packed[:, :-2], next_code0=packed[:, -2], is_eos=packed[:, -1].bool())

@@ -46,6 +46,7 @@ from .kv_memory import plan_kv_cache
 from .request import DoneEvent, EngineEvent, EngineRequest, EventSink, FinishReason, FrameEvent
 from .runner import TalkerRunner
 from .scheduler import Scheduler
+from .self_check import start_graph_path
 from .text_feed import TextFeed, TextStream
 
 logger = logging.getLogger(__name__)
@@ -133,8 +134,14 @@ class TalkerEngine:
 
     def __init__(self, model: TalkerModel, config: EngineConfig) -> None:
         self.model = model
+        t0 = time.monotonic()
         self.config = config = _set_up(model, config)
-        self.runner = TalkerRunner(model.talker, config)
+        self.runner = TalkerRunner(model.talker, config, capture=False)
+        t1 = time.monotonic()
+        self.graph_check = start_graph_path(self.runner, config)
+        """The graph path's startup self-check (``graph_check.fallback_reason``: why eager)."""
+        self.startup_seconds = {"engine set-up": t1 - t0, "graphs + self-check": time.monotonic() - t1}
+        """Seconds of each start-up phase (the server logs them)."""
         self.scheduler = Scheduler(config, on_move=self.runner.move_slot)
         self._lock = threading.Lock()
         self._wakeup = threading.Condition(self._lock)

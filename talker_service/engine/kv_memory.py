@@ -21,7 +21,7 @@ from dataclasses import dataclass
 import torch
 
 from tts_common.config import TalkerConfig
-from tts_common.memory import available_memory, format_bytes
+from tts_common.memory import available_memory, device_total_memory, format_bytes
 
 from .config import EngineConfig
 
@@ -46,6 +46,8 @@ class KVPlan:
     bytes_per_slot: int
     budget: int
     """Bytes the cache may take (the resolved ``--kv-memory``)."""
+    other_stages: int = 0
+    """The co-located stages' share the budget was planned after (``--other-stages-memory``)."""
 
     @property
     def total_bytes(self) -> int:
@@ -54,10 +56,24 @@ class KVPlan:
 
     def describe(self) -> str:
         """The startup log line."""
+        shares = (
+            f", after {format_bytes(self.other_stages)} for the stages beside it" if self.other_stages else ""
+        )
         return (
             f"KV cache: {self.slots} slots x {self.positions} positions, "
-            f"{format_bytes(self.total_bytes)} of {format_bytes(self.budget)} budget"
+            f"{format_bytes(self.total_bytes)} of {format_bytes(self.budget)} budget{shares}"
         )
+
+
+def _available_for_talker(config: EngineConfig) -> int:
+    """What a --kv-memory fraction is of: with ``other_stages_memory`` on CUDA, the device's total
+    less the other stages' share and what this process holds now (its weights), so the plan does
+    not depend on which stage loaded first; otherwise the available memory less that share."""
+    total = device_total_memory(config.device) if config.other_stages_memory else None
+    if total is not None:
+        held = torch.cuda.memory_reserved(torch.device(config.device))
+        return max(0, total - held - config.other_stages_memory)
+    return max(0, available_memory(config.device) - config.other_stages_memory)
 
 
 def plan_kv_cache(
@@ -71,7 +87,9 @@ def plan_kv_cache(
     """
     per_slot = config.max_seq_len * kv_bytes_per_position(cfg, dtype)
     if config.kv_memory.fraction is not None and available is None:
-        available = available_memory(config.device)
+        available = _available_for_talker(config)
+    elif available is not None:
+        available = max(0, available - config.other_stages_memory)
     budget = config.kv_memory.resolve(available or 0)
     fit = budget // per_slot
     if fit < 1:
@@ -86,6 +104,7 @@ def plan_kv_cache(
         positions=config.max_seq_len,
         bytes_per_slot=per_slot,
         budget=budget,
+        other_stages=config.other_stages_memory,
     )
 
 

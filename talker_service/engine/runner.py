@@ -35,7 +35,9 @@ from .slot_table import allocate_table, move_row, scatter_state
 class TalkerRunner:
     """Prefill and batched decode over static slots for one loaded talker."""
 
-    def __init__(self, talker: Talker, config: EngineConfig) -> None:
+    def __init__(self, talker: Talker, config: EngineConfig, capture: bool = True) -> None:
+        """``capture`` False: leave :attr:`graphs` None even where the graph path applies (the
+        engine builds it through its self-check, :func:`.self_check.start_graph_path`)."""
         self.talker = talker
         self.config = config
         param = next(talker.parameters())
@@ -53,10 +55,17 @@ class TalkerRunner:
             config.max_slots, config.noise_steps_per_draw, width, dtype=torch.float32, device=self.device
         )
         """[slot, K, W]: the next K decode steps of Gumbel noise of the slot's request."""
-        mode = graph_mode(config, self.device)
         self.graphs: GraphStep | None = None
-        if mode is not None:  # captures every bucket now, before the process reports SERVING
-            self.graphs = GraphStep(talker, self.cache, self.table, self.noise_table, config, mode)
+        if capture:
+            self.graphs = self.build_graphs()
+
+    def build_graphs(self) -> GraphStep | None:
+        """The graph path for this runner's buffers, every bucket captured now (before the process
+        reports SERVING), or None where it does not apply (``graph_mode``)."""
+        mode = graph_mode(self.config, self.device)
+        if mode is None:
+            return None
+        return GraphStep(self.talker, self.cache, self.table, self.noise_table, self.config, mode)
 
     @property
     def kv_bytes_per_slot(self) -> int:
@@ -110,7 +119,8 @@ class TalkerRunner:
         trailing = self._trailing_rows(requests)
         noise_rows = self._noise_rows(requests)
         if self.graphs is not None:
-            return self.graphs.step(slots, trailing, noise_rows)  # type: ignore[arg-type]
+            sampling = any(r.noise is not None and r.noise.samples for r in requests)
+            return self.graphs.step(slots, trailing, noise_rows, sampling)  # type: ignore[arg-type]
         index = torch.tensor(slots, device=self.device, dtype=torch.int64)
         talker_noise = cp_noise = None
         if any(r.sampling.do_sample or r.sampling.subtalker_do_sample for r in requests):

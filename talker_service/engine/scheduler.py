@@ -6,8 +6,8 @@ The engine loop calls, once per iteration:
 * :meth:`Scheduler.add` for each request that arrived (its prompt already built): refused with
   CapacityError if it can never fit a slot;
 * :meth:`Scheduler.schedule` -> :class:`SchedulerOutput`: the cancelled requests it dropped, the
-  requests it admitted into free slots (to prefill now, within a bounded prefill budget so running
-  streams are not stalled) and the running requests that decode this step (the new ones included);
+  requests it admitted into free slots (to prefill now, within a budget of prompt positions and,
+  while streams run, of requests, so running streams are not stalled) and the running requests that decode this step (the new ones included);
 * :meth:`Scheduler.update` with the step's EOS flags -> the requests that finished (EOS or frame
   budget), their slots freed.
 
@@ -111,9 +111,13 @@ class Scheduler:
                 self._release(request)
                 out.aborted.append(request)
         budget = self.config.max_prefill_tokens_per_step
+        # Bounded by requests too while streams run (they wait for every prefill of the iteration).
+        streams_running = any(not r.waiting_for_text for r in self._running.values())
         while self._waiting and self._has_free_slot:
             request = self._waiting[0]
             if out.prefill and request.prompt_len > budget:
+                break
+            if streams_running and len(out.prefill) >= self.config.max_prefills_per_step:
                 break
             self._waiting.popleft()
             request.slot = len(self._running)  # the lowest free slot

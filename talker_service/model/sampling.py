@@ -47,14 +47,19 @@ class SamplingTensors:
 
     @classmethod
     def stack(cls, params: Sequence[SamplingParams], device: torch.device | str) -> SamplingTensors:
-        """One row per element of ``params``."""
+        """One row per element of ``params``: built on the host as one float64 table (exact for
+        these bools, ints below 2**53 and float32 values) and moved with ONE copy, asynchronous
+        from pinned memory on CUDA, so an admission adds no host sync per field."""
+        names = [f.name for f in fields(cls)]
+        table = torch.tensor([[float(getattr(p, n)) for n in names] for p in params], dtype=torch.float64)
+        device = torch.device(device)
+        if device.type == "cuda":
+            table = table.pin_memory().to(device, non_blocking=True)
+        else:
+            table = table.to(device)
         dtypes = {bool: torch.bool, int: torch.int64, float: torch.float32}
-        columns = {}
-        for f in fields(cls):
-            values = [getattr(p, f.name) for p in params]
-            kind = type(getattr(SamplingParams(), f.name))
-            columns[f.name] = torch.tensor(values, dtype=dtypes[kind], device=device)
-        return cls(**columns)
+        defaults = SamplingParams()
+        return cls(**{n: table[:, i].to(dtypes[type(getattr(defaults, n))]) for i, n in enumerate(names)})
 
     def rows(self, index: torch.Tensor | slice) -> SamplingTensors:
         """A subset of rows (e.g. dropping finished requests)."""

@@ -10,10 +10,11 @@ import asyncio
 import contextlib
 import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import grpc
 
-from tests.helpers.fake_stages import start_fake
+from tests.helpers.fake_stages import Harness, start_fake
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
@@ -76,4 +77,15 @@ async def serve_aligner(aligner: FakeAligner) -> AsyncIterator[str]:
         await server.stop(0)
 
 
-__all__ = ["FakeAligner", "fake_times", "fake_units", "serve_aligner"]
+@contextlib.asynccontextmanager
+async def harness_with_aligner(aligner: FakeAligner | None = None, **options: Any) -> AsyncIterator[Harness]:
+    """A gateway :class:`Harness` (``options``) whose aligner stage is ``aligner`` (default: a
+    plain :class:`FakeAligner`), served on loopback for as long as the harness runs."""
+    async with (
+        serve_aligner(aligner or FakeAligner()) as target,
+        Harness(aligner_targets=(target,), **options) as h,
+    ):
+        yield h
+
+
+__all__ = ["FakeAligner", "fake_times", "fake_units", "harness_with_aligner", "serve_aligner"]

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import signal
+import subprocess
 import sys
 import time
 from contextlib import contextmanager
@@ -18,7 +21,7 @@ from qwen3_tts.local_stack import (
     wait_until_serving,
 )
 
-__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "wait_for"]
+__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "start_up", "wait_for"]
 
 
 @dataclass
@@ -67,6 +70,42 @@ def running_stack(
         yield stack
     finally:
         stop_all(stages, grace=20)
+
+
+def _ignore_sigint() -> None:
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+
+def start_up(
+    cmd: list[str], sigint_ignored: bool = False, timeout: float = 180
+) -> tuple[subprocess.Popen[str], list[str]]:
+    """``cmd`` (a ``qwen3-tts up`` command line) started in its own process group, once it
+    printed that the stack is up: the process and the lines of that message. One torch thread
+    per process unless the environment says otherwise (several processes on a small machine)."""
+    env = dict(os.environ)
+    env.setdefault("OMP_NUM_THREADS", "1")
+    proc = subprocess.Popen(
+        cmd,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+        preexec_fn=_ignore_sigint if sigint_ignored else None,
+        env=env,
+    )
+    deadline = time.monotonic() + timeout
+    assert proc.stdout is not None
+    printed: list[str] = []
+    before: list[str] = []
+    for line in proc.stdout:
+        if "stack is up" in line or printed:
+            printed.append(line.rstrip("\n"))
+            if line.startswith("Ctrl-C stops it."):
+                return proc, printed
+        else:
+            before = [*before[-40:], line]
+        assert time.monotonic() < deadline, "the stack did not come up:\n" + "".join(before)
+    raise AssertionError(f"qwen3-tts up exited with {proc.wait()} before it was up:\n" + "".join(before))
 
 
 def wait_for(predicate, timeout: float, interval: float = 0.05) -> bool:

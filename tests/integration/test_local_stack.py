@@ -29,15 +29,11 @@ import soundfile as sf
 from qwen3_tts.chaos import TOLERANCE
 from qwen3_tts.local_stack import is_serving, stage_commands
 from tests.helpers.fixtures import CKPT_DIR
-from tests.helpers.stack import free_port
+from tests.helpers.stack import free_port, start_up
 from tests.helpers.synthesis import responses_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 MODEL = CKPT_DIR / "tiny_voice_design"
-
-
-def _ignore_sigint() -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -55,7 +51,7 @@ def _up_command(base: int, port: int, http_port: int, replicas: int = 1) -> list
     return [
         sys.executable, "-m", "qwen3_tts.cli", "up", "--model", str(MODEL), "--port", str(port),
         "--base-port", str(base), "--http-port", str(http_port), "--replicas", str(replicas),
-        "--voices-db", VOICES_DB,
+        "--voices-db", VOICES_DB, "--no-aligner",
     ]  # fmt: skip
 
 
@@ -63,28 +59,7 @@ def _start_up(
     sigint_ignored: bool = False, replicas: int = 1, cmd: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], list[str]]:
     """``qwen3-tts up`` on free ports, once it is up; with the lines it printed then."""
-    cmd = cmd or _up_command(free_port(), free_port(), free_port(), replicas)
-    env = dict(os.environ)
-    env.setdefault("OMP_NUM_THREADS", "1")  # several processes on a small machine: one thread each
-    proc = subprocess.Popen(
-        cmd,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-        preexec_fn=_ignore_sigint if sigint_ignored else None,
-        env=env,
-    )
-    deadline = time.monotonic() + 180
-    assert proc.stdout is not None
-    printed: list[str] = []
-    for line in proc.stdout:
-        if "stack is up" in line or printed:
-            printed.append(line.rstrip("\n"))
-            if line.startswith("Ctrl-C stops it."):
-                return proc, printed
-        assert time.monotonic() < deadline, "the stack did not come up"
-    raise AssertionError(f"qwen3-tts up exited with {proc.wait()} before it was up")
+    return start_up(cmd or _up_command(free_port(), free_port(), free_port(), replicas), sigint_ignored)
 
 
 def _group_gone(pgid: int, timeout: float) -> bool:

@@ -135,24 +135,28 @@ def test_type_as_you_speak_in_chromium(tmp_path: Path) -> None:
     assert screenshot.read_bytes().startswith(b"\x89PNG")
 
 
-def test_docs_page_loads_the_openapi_document_in_chromium() -> None:
-    """``/docs`` (Swagger UI) opens, and from it the browser fetches ``/openapi.json``: 200, the
-    speech route described. (Swagger UI's own script comes from a CDN, which tests cannot reach:
-    the page's rendering of it is not asserted.)"""
+def test_docs_page_renders_the_operations_in_chromium() -> None:
+    """``/docs`` renders offline: Swagger UI (served by the gateway itself, as an air-gapped
+    operator has it; tests reach no CDN) loads ``/openapi.json`` and lists its operations."""
     assert CHROMIUM is not None
 
-    def open_docs(browser: Browser, url: str) -> dict[str, object]:
+    def open_docs(browser: Browser, url: str) -> list[str]:
         browser.open(url + "/docs")
         assert browser.evaluate("document.title").endswith("Swagger UI")
-        return browser.evaluate(
-            "fetch('/openapi.json').then(r => r.json().then(d => ({status: r.status, paths: Object.keys(d.paths)})))"
+        operations: list[str] = browser.wait_for(
+            "(() => { const ops = Array.from(document.querySelectorAll('.opblock-summary')).map(s =>"
+            " s.querySelector('.opblock-summary-method').textContent + ' ' +"
+            " s.querySelector('.opblock-summary-path').textContent.replace(/\\u200b/g, ''));"
+            " return ops.length ? ops : null; })()",
+            20,
+            "Swagger UI to list the operations",
         )
+        return operations
 
-    async def main() -> dict[str, object]:
+    async def main() -> list[str]:
         async with Harness(http=True) as h:
             with chromium(CHROMIUM) as browser:
                 return await asyncio.to_thread(open_docs, browser, h.http_url)
 
-    spec = run(main(), timeout=60)
-    assert spec["status"] == 200
-    assert "/v1/audio/speech" in spec["paths"]  # type: ignore[operator]
+    operations = run(main(), timeout=60)
+    assert {"POST /v1/audio/speech", "GET /v1/models", "GET /v1/audio/voices"} <= set(operations), operations

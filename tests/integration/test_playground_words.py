@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.browser import Browser, chromium, chromium_path
-from tests.helpers.fake_aligner import FakeAligner, serve_aligner
-from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, run
+from tests.helpers.fake_aligner import harness_with_aligner
+from tests.helpers.fake_stages import SAMPLES_PER_FRAME, run
 
 CHROMIUM = chromium_path()
 pytestmark = pytest.mark.skipif(
@@ -78,10 +78,7 @@ def test_each_word_is_highlighted_while_it_plays(tmp_path: Path, live: bool) -> 
     screenshot.parent.mkdir(parents=True, exist_ok=True)
 
     async def main() -> dict[str, object]:
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(frames=FRAMES, delay=0.005, http=True, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(frames=FRAMES, delay=0.005, http=True) as h:
             with chromium(CHROMIUM) as browser:
                 return await asyncio.to_thread(_speak_with_words, browser, h.http_url, screenshot, live)
 

@@ -1,4 +1,4 @@
-"""gRPC serving plumbing shared by the four processes (grpc.aio), one concern per module:
+"""gRPC serving plumbing shared by every process (grpc.aio), one concern per module:
 
 * :mod:`.config` — :class:`~.config.ServerConfig` and :class:`~.config.ProcessFlags`, the
   command line of a process (flags generated from config dataclasses by

@@ -22,6 +22,8 @@ Routes:
 * ``GET /health`` — readiness: 200 while serving, else 503, also while no talker or no decoder
   replica is reachable (like the gRPC service's health; load-balancer and container probes; no
   key);
+* ``GET /docs`` — Swagger UI over ``/openapi.json``, its files served from here
+  (``/docs/assets``: no CDN, so it renders air-gapped; no key);
 * ``GET /`` — the playground page (static, shipped with the package; no key needed for the page,
   it sends the key it is given).
 
@@ -41,6 +43,7 @@ import grpc
 from fastapi import APIRouter, FastAPI, Request, WebSocket
 from fastapi.requests import HTTPConnection
 from fastapi.responses import HTMLResponse, JSONResponse, Response
+from fastapi_offline import FastAPIOffline
 from google.protobuf.json_format import MessageToDict
 
 from tts_common.logging_setup import request_context
@@ -187,9 +190,15 @@ def model_object(info: tts_pb2.ModelInfo) -> dict[str, Any]:
     }
 
 
+DOCS_ASSETS_PATH = "/docs/assets"
+"""Where Swagger UI's files (shipped by the ``fastapi-offline`` package) are served for /docs."""
+
+
 def create_app(api: HttpApi) -> FastAPI:
     """The FastAPI application of ``api`` (see the module doc)."""
-    app = FastAPI(
+    # FastAPIOffline: a FastAPI whose /docs (FastAPI's Swagger UI page) loads Swagger UI's script,
+    # style sheet and icon from this server (DOCS_ASSETS_PATH), not a CDN: it works air-gapped.
+    app = FastAPIOffline(
         title="qwen3-tts OpenAI-compatible API",
         version="1",
         description="OpenAI's speech API (plus our fields) over Qwen3-TTS, and a voice library. "
@@ -200,6 +209,7 @@ def create_app(api: HttpApi) -> FastAPI:
         '`api_key` in the first `{"type": "config"}` message, due within --websocket-config-timeout-seconds, default 10 s).',
         docs_url="/docs",
         redoc_url=None,
+        static_url=DOCS_ASSETS_PATH,
     )
     app.state.api = api
     install_error_handlers(app)

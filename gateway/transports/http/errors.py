@@ -191,7 +191,10 @@ def http_error(exc: BaseException, request_id: str | None = None) -> HttpError:
         stage = getattr(exc, "stage", None)  # a stage's failure (StageError) names the stage
         message = (f"{stage} stage: " if isinstance(stage, str) else "") + internal_message(request_id)
     elif isinstance(exc, grpc.aio.AioRpcError):
-        message = exc.details() or code.name.lower()
+        # A stage call's error that no StageError wrapped: its details may be grpc-core's
+        # (the stage's address); they are logged with the exception (log_and_count).
+        where = f" (request id {request_id})" if request_id else ""
+        message = f"a stage call failed: {code.name.lower()}{where}; the details are in the server log"
     else:
         message = str(exc) or code.name.lower()
     return HttpError(status, code, message, headers=_with_retry_after(status, exc))
@@ -234,6 +237,8 @@ def log_and_count(error: HttpError, exc: BaseException | None, where: str) -> No
     and labels as gRPC)."""
     if error.grpc_code in INTERNAL_CODES:
         logger.error("%s failed: %s: %r", where, error.message, exc, exc_info=exc)
+    elif isinstance(exc, grpc.aio.AioRpcError):
+        logger.warning("%s failed: %d %s: %s", where, error.status, error.grpc_code.name, exc.details())
     else:
         logger.info("%s failed: %d %s: %s", where, error.status, error.grpc_code.name, error.message)
     count(error.grpc_code)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -52,7 +52,9 @@ class FakeAligner:
         return [row[::-1] for row in rows] if self.reverse else rows
 
 
-def fake_loader(model: FakeAligner):
+def fake_loader(model: FakeAligner) -> Callable[..., FakeAligner]:
+    """A ``load_aligner`` stand-in returning ``model``; its ``calls`` list records (path,
+    device, dtype) of every load."""
     calls: list[tuple[str, str, torch.dtype]] = []
 
     def load(path: str, *, device: str = "cpu", dtype: torch.dtype = torch.float32) -> FakeAligner:

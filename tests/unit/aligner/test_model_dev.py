@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from aligner_service.model import AlignInput, load_aligner
-from qwen3_tts.dev_aligner import DEV_CLASSIFY_NUM, make_dev_aligner
+from qwen3_tts.dev_aligner import DEV_CLASSIFY_NUM, DEV_K, make_dev_aligner
 
 RELEASED_FILES = {
     "config.json",
@@ -43,6 +43,7 @@ def test_dev_aligner_layout(dev_path: Path) -> None:
 def test_dev_aligner_loads_and_predicts(dev_path: Path, dtype: torch.dtype) -> None:
     aligner = load_aligner(dev_path, dtype=dtype)
     assert aligner.num_classes == DEV_CLASSIFY_NUM and aligner.dtype == dtype
+    assert aligner.max_audio_seconds == 180.0  # the official limit (5000 classes reach 400 s)
     rng = np.random.default_rng(3)
     words = ["the", "quick", "brown", "fox", "jumps", "over", "the", "lazy", "dog"]
     audio = (rng.standard_normal(24000 * 3) * 0.2).astype(np.float32)  # 3 s at 24 kHz
@@ -50,4 +51,6 @@ def test_dev_aligner_loads_and_predicts(dev_path: Path, dtype: torch.dtype) -> N
     assert len(classes) == 2 * len(words)
     assert all(0 <= c < DEV_CLASSIFY_NUM for c in classes)
     assert len(set(classes)) >= 4  # the structure spreads the words out
-    assert classes[-1] > classes[0]
+    # a word every 2 * DEV_K classes (400 ms), up to the random part of the weights
+    assert abs(classes[-1] - 2 * len(words) * DEV_K) <= 3
+    assert classes[0] <= 2 * DEV_K

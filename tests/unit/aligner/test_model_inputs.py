@@ -40,7 +40,8 @@ def noise(n: int, scale: float = 0.3) -> np.ndarray:
     [
         (AlignInput(noise(16000), 7000, ["a"]), "sample rate"),
         (AlignInput(noise(16000), 16000, []), "at least one word"),
-        (AlignInput(noise(16000), 16000, ["a", " "]), "word 1 is empty"),
+        (AlignInput(noise(16000), 16000, ["a", ""]), "word 1 is empty"),
+        (AlignInput(noise(16000), 16000, ["a", "b c"]), "word 1 contains whitespace"),
         (AlignInput(noise(16000), 16000, ["a<timestamp>"]), "reserved token"),
         (AlignInput(noise(16000), 16000, ["<|audio_pad|>"]), "reserved token"),
         (AlignInput(np.full(16000, np.nan, dtype=np.float32), 16000, ["a"]), "NaN"),
@@ -48,12 +49,17 @@ def noise(n: int, scale: float = 0.3) -> np.ndarray:
         (AlignInput(noise(8).reshape(2, 2, 2), 16000, ["a"]), "shape"),
         (AlignInput(noise(399), 16000, ["a"]), "too short"),
         (AlignInput(noise(199), 8000, ["a"]), "too short"),
-        (AlignInput(np.zeros(8000 * 181, dtype=np.float32), 8000, ["a"]), "at most 180 s"),
+        (AlignInput(np.zeros(8000 * 21, dtype=np.float32), 8000, ["a"]), "at most 20.48 s"),
     ],
 )
 def test_bad_inputs_raise_align_input_error(aligner: ForcedAligner, item: AlignInput, message: str) -> None:
     with pytest.raises(AlignInputError, match=message):
         aligner.predict_classes([item])
+
+
+def test_official_length_limit() -> None:
+    with pytest.raises(AlignInputError, match="at most 180 s"):
+        prepare_waveform(np.zeros(8000 * 181, dtype=np.float32), 8000)
 
 
 def test_waveform_normalisation() -> None:

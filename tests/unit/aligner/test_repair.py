@@ -9,7 +9,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from aligner_service.text import repair_timestamps
+from aligner_service.text import repair_timestamps, repaired_unit_times
 from aligner_service.text.repair import longest_non_decreasing
 
 from .conftest import load_cases
@@ -75,3 +75,19 @@ def test_short_runs_copy_the_nearer_neighbour_and_long_runs_interpolate() -> Non
     # A run of three between 0 and 400 ms: 100, 200, 300.
     assert repair_timestamps([0, 900, 950, 990, 400, 480, 560, 640]) == [0, 100, 200, 300, 400, 480, 560, 640]
     assert repair_timestamps([]) == []
+
+
+@given(
+    st.lists(st.integers(0, 4999), max_size=30).map(lambda c: c + c[: len(c) % 2]),
+    st.sampled_from([80.0, 40.0]),
+)
+def test_unit_times_pair_the_repaired_classes(classes: list[int], resolution: float) -> None:
+    """Unit i's (start, end) are the repaired values 2i and 2i + 1 of the classes in ms; the
+    model giving another number of classes than two per unit is an error, never a shifted pair."""
+    units = len(classes) // 2
+    repaired = repair_timestamps([c * resolution for c in classes])
+    assert repaired_unit_times(classes, resolution, units) == [
+        (repaired[2 * i], repaired[2 * i + 1]) for i in range(units)
+    ]
+    with pytest.raises(RuntimeError, match="timestamps for"):
+        repaired_unit_times(classes, resolution, units + 1)

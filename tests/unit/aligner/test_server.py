@@ -5,7 +5,6 @@ concurrent calls, the statuses of bad input, stats and model info, and the stage
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
@@ -18,6 +17,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from aligner_service.config import FLAGS, AlignerConfig
 from aligner_service.server import AlignerServicer
 from aligner_service.text import repair_timestamps, split_units
+from tests.helpers.ports import free_port
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.serving.config import ServerConfig
 from tts_common.serving.lifecycle import serve
@@ -291,18 +291,12 @@ def test_unavailable_until_loaded() -> None:
     assert stats.ready is False
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_stage_lifecycle_health_reflection_and_drain() -> None:
     """``serve`` as ``python -m aligner_service`` runs it: NOT_SERVING while loading, SERVING
     after, reflection lists the service, and a stop lets the in-flight Align finish."""
     model = FakeAligner(delay_s=0.5)
     servicer = servicer_for(model)
-    port = _free_port()
+    port = free_port()
     config = FLAGS.server_config(FLAGS.parser().parse_args(["--port", str(port), "--grace-seconds", "5"]))
 
     async def main() -> tuple[Any, ...]:

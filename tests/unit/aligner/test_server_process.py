@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -17,6 +16,7 @@ import numpy as np
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers.ports import free_port
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.serving.names import service_name
 
@@ -30,14 +30,8 @@ def dev_aligner(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return make_dev_aligner(tmp_path_factory.mktemp("dev-aligner") / "ckpt")
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_process_serves_and_drains(dev_aligner: Path) -> None:
-    port = _free_port()
+    port = free_port()
     env = {k: v for k, v in os.environ.items() if not k.startswith("QWEN3TTS_")}
     proc = subprocess.Popen(
         [

@@ -10,7 +10,6 @@ import logging
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -28,6 +27,7 @@ from grpc_reflection.v1alpha import reflection_pb2, reflection_pb2_grpc
 from hypothesis import given
 from hypothesis import strategies as st
 
+from tests.helpers.ports import free_port
 from tts_common import errors, metrics
 from tts_common.logging_setup import current_request_id, request_context, setup_logging
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
@@ -509,12 +509,6 @@ def test_status_mapping_table() -> None:
     assert isinstance(errors.NotFoundError("x"), LookupError)
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def test_metrics_endpoint_serves_all_names() -> None:
     assert metrics.start_metrics_server(0) is None  # 0 = disabled
     metrics.init_stage("talker")
@@ -522,7 +516,7 @@ def test_metrics_endpoint_serves_all_names() -> None:
     metrics.BATCH_SIZE.labels(stage="talker").observe(8)
     metrics.REQUESTS.labels(stage="talker", status="OK").inc()
     metrics.CACHE_LOOKUPS.labels(stage="speaker", result="hit").inc()
-    server = metrics.start_metrics_server(_free_port(), host="127.0.0.1")
+    server = metrics.start_metrics_server(free_port(), host="127.0.0.1")
     assert server is not None
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=5) as r:

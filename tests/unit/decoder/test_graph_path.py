@@ -98,3 +98,15 @@ def test_cuda_graphs_equal_emulation_on_the_gpu() -> None:
         for x, y in zip(outs_real, outs_emulated):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-4)
         pos += n
+
+
+def test_static_state_is_shared_per_batch_size_and_counted(batcher: SessionBatcher) -> None:
+    graphs = batcher.graphs
+    assert graphs is not None
+    buckets = graphs._buckets
+    assert buckets[(2, 2)].state is buckets[(2, 5)].state
+    assert buckets[(2, 2)].state is not buckets[(4, 2)].state
+    state_bytes = {
+        b: sum(t.numel() * t.element_size() for t in buckets[(b, 2)].state.values()) for b in (1, 2, 4)
+    }
+    assert sum(state_bytes.values()) < graphs.static_bytes < 2 * sum(state_bytes.values()) + 10**6

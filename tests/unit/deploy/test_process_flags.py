@@ -84,12 +84,14 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-slots": 16,
         "--max-seq-len": 2048,
         "--max-waiting": 64,
-        "--no-cuda-graphs": True,
+        "--max-prefills-per-step": 1,
+        "--cuda-graphs": "auto",
         "--kv-memory": MemoryBudget(fraction=0.5),
+        "--other-stages-memory": 0,
         "--linear": "auto",
         "--quantization": "none",
     },
-    "decoder": {**MODEL, "--max-streams": 64},
+    "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto"},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
     "aligner": {**MODEL, "--max-batch-size": 8, "--batch-wait-ms": 5.0, "--max-audio-seconds": 0.0},
 }
@@ -136,7 +138,7 @@ def test_environment_variables(stage: str) -> None:
     # Each variable reaches its flag: the stage-specific one beats the generic one.
     values = {
         "--dtype": "bfloat16",
-        "--no-cuda-graphs": "1",
+        "--cuda-graphs": "off",
         "--log-level": "DEBUG",
         "--voice-alias": "alloy=vivian",
         "--models": "m7: talker=a:7",
@@ -144,6 +146,7 @@ def test_environment_variables(stage: str) -> None:
         "--no-silence-stop": "1",
         "--silence-threshold-dbfs": "-30",
         "--kv-memory": "7GiB",
+        "--other-stages-memory": "3GiB",
         "--linear": "torch",
         "--quantization": "int8",
     }

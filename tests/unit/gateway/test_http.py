@@ -390,7 +390,7 @@ def test_error_statuses_and_openai_error_objects() -> None:
             h.health.mark_ready()
             # 503: a stage down
             await h.decoder_server.stop(0)
-            with pytest.raises(openai.InternalServerError, match="decoder stage unavailable") as down:
+            with pytest.raises(openai.InternalServerError, match="the decoder stage is unavailable") as down:
                 await good.audio.speech.create(model=h.model_name, input="Hi.", voice="ryan")
             assert down.value.status_code == 503 and down.value.body["code"] == "unavailable"  # type: ignore[index]
             # chunked upload over the limit: 413 as soon as it passes it

@@ -195,6 +195,50 @@ def test_multipart_field_that_is_not_utf8_is_400_naming_it() -> None:
     run(main())
 
 
+_B = "b0undary"
+_DESIGN = f'\r\n--{_B}\r\nContent-Disposition: form-data; name="instructions"\r\n\r\nCalm.\r\n--{_B}--\r\n'
+
+
+def _multipart(disposition: bytes, value: bytes = b"x") -> tuple[str, bytes]:
+    body = f"--{_B}\r\nContent-Disposition: form-data; ".encode() + disposition + b"\r\n\r\n" + value
+    return f"multipart/form-data; boundary={_B}", body + _DESIGN.encode()
+
+
+URLENCODED = "application/x-www-form-urlencoded"
+
+
+FORMS_NOT_UTF8 = [
+    (URLENCODED, b"name=%FF%FE&instructions=Calm.", "'name'"),  # percent-encoded bytes
+    (URLENCODED, b"name=Bo&instructions=Calm+%C3", "'instructions'"),  # a cut sequence
+    (URLENCODED, b"%FF=1&instructions=Calm.", "name"),  # the field's name
+    (URLENCODED, b"name=\xc3\xa9&instructions=Calm.", "'name'"),  # raw (not percent-encoded)
+    (*_multipart(b'name="\xff\xfe"'), "name"),  # a part's name
+    (*_multipart(b'name="audio_sample"; filename="\xff.wav"', b"RIFF"), "'audio_sample'"),  # its filename
+]
+
+
+def test_form_bytes_that_are_not_utf8_are_400_naming_the_field() -> None:
+    """Urlencoded fields and multipart part names and filenames, like multipart text fields:
+    never U+FFFD, Latin-1 or mojibake, and no voice made of them. (Every cut of the body into
+    chunks: test_http_forms.)"""
+
+    async def main() -> None:
+        async with Harness("base", http=True) as h, httpx2.AsyncClient(base_url=h.http_url) as client:
+            for content_type, body, named in FORMS_NOT_UTF8:
+                response = await client.post(
+                    "/v1/audio/voices", content=body, headers={"content-type": content_type}
+                )
+                assert response.status_code == 400, (body, response.text)
+                message = response.json()["error"]["message"]
+                assert named in message, (body, message)
+                assert "not valid UTF-8" in message or "percent-encoded" in message, (body, message)
+                assert_clean(message)
+            listing = await client.get("/v1/audio/voices")
+            assert not [v for v in listing.json()["data"] if v["type"] not in ("preset", "alias")]
+
+    run(main())
+
+
 # --- finding 4: the key before the body ------------------------------------------------------
 @pytest.mark.parametrize(("headers", "status"), [({}, 401), ({"x-api-key": "wrong"}, 403)])
 def test_key_is_checked_before_the_body_is_parsed(headers: dict[str, str], status: int) -> None:

@@ -215,6 +215,16 @@ def test_stage_errors_keep_their_status(code: grpc.StatusCode) -> None:
     assert "talker stage" in error.message
 
 
+@given(st.sampled_from([c for c in grpc.StatusCode if c is not grpc.StatusCode.OK]))
+def test_a_bare_stage_call_error_keeps_its_status_not_its_details(code: grpc.StatusCode) -> None:
+    """A stage call's error no StageError wrapped: grpc-core's details (addresses) stay in the log."""
+    details = "failed to connect to all addresses; last error: UNKNOWN: ipv4:10.0.0.5:50051: refused"
+    rpc_error = grpc.aio.AioRpcError(code, grpc.aio.Metadata(), grpc.aio.Metadata(), details, details)
+    error = http_error(rpc_error, "req-a")
+    assert error.status == HTTP_STATUS[code] and error.grpc_code is code
+    assert "10.0.0.5" not in error.message and "req-a" in error.message
+
+
 @functools.cache
 def _ttfb_bench() -> ModuleType:
     """bench/http_ttfb.py (a script, not a package)."""

@@ -5,6 +5,7 @@ status of every route (never FastAPI's 422), and the API-key scheme where keys a
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import httpx2
@@ -22,6 +23,27 @@ async def _document(**config: Any) -> tuple[dict[str, Any], str]:
         docs = await client.get("/docs")
         assert docs.status_code == 200
         return spec.json(), docs.text
+
+
+def test_docs_page_loads_swagger_ui_from_this_server_alone() -> None:
+    """``/docs`` works air-gapped: every script, style sheet and icon it loads is served by the
+    gateway itself (with keys configured too: the page is not behind them), none from a CDN.
+    (tests/integration/test_playground_browser.py renders it in Chromium.)"""
+
+    async def main() -> None:
+        async with (
+            Harness(http=True, api_keys=frozenset({"k1"})) as h,
+            httpx2.AsyncClient(base_url=h.http_url) as client,
+        ):
+            page = (await client.get("/docs")).text
+            assets = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page)
+            assert len(assets) >= 3 and any(a.endswith(".js") for a in assets), page
+            for asset in assets:
+                assert asset.startswith("/") and not asset.startswith("//"), asset  # this server
+                response = await client.get(asset)
+                assert response.status_code == 200 and response.content, asset
+
+    run(main())
 
 
 @pytest.mark.parametrize("keys", [False, True])

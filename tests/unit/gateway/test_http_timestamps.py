@@ -17,7 +17,11 @@ from pydantic import TypeAdapter
 from websockets.asyncio.client import connect
 
 from gateway.transports.http.openapi import SpeechEvent, SpeechJsonBody
-from tests.helpers.fake_aligner import FakeAligner, fake_times, fake_units, serve_aligner
+from tests.helpers.fake_aligner import (
+    fake_times,
+    fake_units,
+    harness_with_aligner,
+)
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, run
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.text import estimate_tokens, segment_text
@@ -60,10 +64,7 @@ def test_sse_stream_of_the_sdk_carries_each_segments_words() -> None:
     async def main() -> None:
         pieces = segment_text(TEXT, 20, estimate_tokens)
         assert len(pieces) > 2
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(http=True, frames=FRAMES, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(http=True, frames=FRAMES, segment_tokens=20) as h:
             async with client(h).audio.speech.with_streaming_response.create(
                 model=h.model_name,
                 input=TEXT,
@@ -97,10 +98,7 @@ def test_sse_stream_of_the_sdk_carries_each_segments_words() -> None:
 def test_json_body_has_the_audio_and_the_alignment() -> None:
     async def main() -> None:
         pieces = segment_text(TEXT, 20, estimate_tokens)
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(http=True, frames=FRAMES, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(http=True, frames=FRAMES, segment_tokens=20) as h:
             answer = await client(h).audio.speech.create(
                 model=h.model_name,
                 input=TEXT,
@@ -122,10 +120,7 @@ def test_json_body_has_the_audio_and_the_alignment() -> None:
 
 def test_websocket_timestamps_and_the_last_word_of_a_barge_in() -> None:
     async def main() -> None:
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(http=True, frames=3, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(http=True, frames=3) as h:
             url = h.http_url.replace("http", "ws", 1) + "/v1/audio/speech/stream"
             async with connect(url) as ws:
                 await ws.send(json.dumps({"type": "config", "voice": "vivian", "timestamps": "character"}))
@@ -192,10 +187,7 @@ def test_without_an_aligner_http_says_so_and_models_tell() -> None:
                 raise AssertionError("timestamps without an aligner were accepted")
             models = await sdk.models.list()
             assert models.data[0].model_extra["capabilities"]["timestamps"] is False  # type: ignore[index]
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(http=True, frames=2, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(http=True, frames=2) as h:
             models = await client(h).models.list()
             assert models.data[0].model_extra["capabilities"]["timestamps"] is True  # type: ignore[index]
             # No timestamps asked: the JSON body has none.
@@ -215,10 +207,7 @@ def test_without_an_aligner_http_says_so_and_models_tell() -> None:
 
 def test_words_follow_speed_and_the_output_rate() -> None:
     async def main() -> None:
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(http=True, frames=FRAMES, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(http=True, frames=FRAMES, segment_tokens=20) as h:
             answer = await client(h).audio.speech.create(
                 model=h.model_name,
                 input=TEXT,

@@ -20,17 +20,12 @@ from pathlib import Path
 import grpc
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from tests.helpers.ports import free_port
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 REPO = Path(__file__).resolve().parents[3]
 SERVICE = "qwen3tts.v1.TextToSpeech"
 FAKES = Path(__file__).resolve().parents[2] / "helpers" / "fake_stages.py"
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 def _wait_for(pattern: str, path: Path, proc: subprocess.Popen[bytes], timeout: float) -> str:
@@ -77,7 +72,7 @@ def _http_health(port: int) -> int:
 
 def test_gateway_process_lifecycle(tmp_path: Path) -> None:
     env = {**os.environ, "PYTHONPATH": str(REPO), "QWEN3TTS_TALKER_TARGETS": ""}
-    talker_port, decoder_port, http_port = _free_port(), _free_port(), _free_port()
+    talker_port, decoder_port, http_port = free_port(), free_port(), free_port()
     log = tmp_path / "gateway.log"
     procs: list[subprocess.Popen[bytes]] = []
     try:

@@ -8,19 +8,27 @@ the last unit sent whole named at a barge-in."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from collections.abc import Sequence
 
 import grpc
 import numpy as np
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gateway.encoding import AudioOutput
+from gateway.stages.errors import StageError
+from gateway.synthesis import timestamps
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder
-from gateway.synthesis.timestamps import timed_units
-from tests.helpers.fake_aligner import FakeAligner, fake_times, fake_units, serve_aligner
+from gateway.synthesis.timestamps import Timestamper, queued_responses, timed_units
+from tests.helpers.fake_aligner import (
+    FakeAligner,
+    fake_times,
+    fake_units,
+    harness_with_aligner,
+)
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
+from tests.helpers.ports import free_port
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.text import estimate_tokens, segment_text
@@ -165,10 +173,7 @@ def test_an_answer_outside_the_text_is_refused() -> None:
 def test_synthesize_sends_one_timing_message_per_segment_after_its_audio() -> None:
     async def main() -> None:
         aligner = FakeAligner()
-        async with (
-            serve_aligner(aligner) as target,
-            Harness(frames=4, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(aligner, frames=4, segment_tokens=20) as h:
             responses = [r async for r in h.stub.Synthesize(request(), timeout=10)]
         assert kinds(responses)[0] == "metadata" and kinds(responses)[-1] == "summary"
         summary = responses[-1].summary
@@ -202,7 +207,7 @@ def test_synthesize_sends_one_timing_message_per_segment_after_its_audio() -> No
 
 def test_timings_follow_resampling() -> None:
     async def main() -> None:
-        async with serve_aligner(FakeAligner()) as target, Harness(frames=5, aligner_targets=(target,)) as h:
+        async with harness_with_aligner(frames=5) as h:
             output = tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32, sample_rate=16000)
             responses = [
                 r async for r in h.stub.Synthesize(request("One two three four.", output=output), timeout=10)
@@ -222,10 +227,7 @@ def test_a_slow_aligner_never_holds_back_audio() -> None:
     async def main() -> None:
         aligner = FakeAligner()
         aligner.gate = asyncio.Event()
-        async with (
-            serve_aligner(aligner) as target,
-            Harness(frames=4, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(aligner, frames=4, segment_tokens=20) as h:
             segments = len(segment_text(TEXT, 20, estimate_tokens))
             assert segments > 2
             call = h.stub.Synthesize(request(), timeout=10)
@@ -252,15 +254,56 @@ def test_a_slow_aligner_never_holds_back_audio() -> None:
 
 def test_an_aligner_failure_leaves_the_audio_and_says_so() -> None:
     async def main() -> None:
-        async with (
-            serve_aligner(FakeAligner(fail=True)) as target,
-            Harness(frames=3, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(FakeAligner(fail=True), frames=3) as h:
             responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
         assert kinds(responses) == ["metadata", "audio", "audio", "timestamps", "summary"]
         message = responses[-2].timestamps
         assert not message.units and "fake aligner refuses this audio" in message.error
         assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
+
+    run(main())
+
+
+def test_an_unexpected_failure_names_the_request_not_its_internals() -> None:
+    """Like every error the API gives (issue 29), an utterance's ``error`` shows no exception
+    class, repr or path of an unexpected failure: the request id to quote (the log has the
+    rest). A stage's own error is still told as it is."""
+
+    class Builder:
+        def output_sample(self, index: int, offset: int) -> int:
+            return offset
+
+    class Stage:
+        def __init__(self, exc: Exception) -> None:
+            self.exc = exc
+
+        async def align(self, *args: object) -> stages_pb2.AlignResponse:
+            raise self.exc
+
+    async def error_of(exc: Exception) -> str:
+        ready: asyncio.Queue[object] = asyncio.Queue()
+        timings = Timestamper(
+            Stage(exc),  # type: ignore[arg-type]
+            WORD,
+            "English",
+            Builder(),  # type: ignore[arg-type]
+            ready,
+            "req-7",
+            sample_rate=NATIVE,
+        )
+        timings.add_audio(0, np.zeros(NATIVE // 10, dtype=np.float32))
+        timings.complete(0, "Hello there.", 0)
+        await timings.finish()
+        (response,) = queued_responses(ready)
+        assert not response.timestamps.units
+        return response.timestamps.error
+
+    async def main() -> None:
+        error = await error_of(RuntimeError("<Thing object at 0x7f3a00> in /srv/app/secret.py"))
+        assert "req-7" in error
+        assert not any(leak in error for leak in ("0x7f3a00", "secret.py", "RuntimeError", "Thing"))
+        refused = StageError("aligner", grpc.StatusCode.INVALID_ARGUMENT, "audio: too short")
+        assert await error_of(refused) == str(refused)
 
     run(main())
 
@@ -283,7 +326,7 @@ def test_without_an_aligner_timestamps_are_failed_precondition() -> None:
             error = await expect_rpc_error(h.stub.Synthesize(request("Hi.", timestamps=7), timeout=5))
             assert error.code() == grpc.StatusCode.INVALID_ARGUMENT
             assert "timestamps: unknown value 7" in (error.details() or "")
-        async with serve_aligner(FakeAligner()) as target, Harness(frames=2, aligner_targets=(target,)) as h:
+        async with harness_with_aligner(frames=2) as h:
             assert (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
 
     run(main())
@@ -298,7 +341,7 @@ def test_streamed_utterances_get_spans_in_the_streamed_text() -> None:
         deltas = ["One tw", "o three.", None, " Four, fi", "ve!", None, " Six."]
         messages = [Message(config=request(""))] + [flush if d is None else Message(text=d) for d in deltas]
         whole = "".join(d for d in deltas if d)
-        async with serve_aligner(FakeAligner()) as target, Harness(frames=3, aligner_targets=(target,)) as h:
+        async with harness_with_aligner(frames=3) as h:
             responses = [r async for r in h.stub.StreamingSynthesize(iter(messages), timeout=10)]
         ends = [r.utterance_end for r in responses if r.HasField("utterance_end")]
         timestamps = {r.timestamps.index: r.timestamps for r in responses if r.HasField("timestamps")}
@@ -316,10 +359,7 @@ def test_streamed_utterances_get_spans_in_the_streamed_text() -> None:
 
 def test_a_barge_in_names_the_last_word_sent_whole() -> None:
     async def main() -> None:
-        async with (
-            serve_aligner(FakeAligner()) as target,
-            Harness(frames=400, delay=0.01, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(frames=400, delay=0.01) as h:
             call = h.stub.StreamingSynthesize(timeout=15)
             chunks = tts_pb2.StreamingOptions(first_chunk_frames=1, max_chunk_frames=1)
             await call.write(Message(config=request("", streaming=chunks)))
@@ -349,16 +389,36 @@ def test_a_barge_in_names_the_last_word_sent_whole() -> None:
     run(main())
 
 
+def test_a_bug_while_placing_the_units_tells_the_client_only_the_request_id(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def broken(*args: object) -> list[tts_pb2.TimedUnit]:
+        raise RuntimeError("secret detail at /work/x.py <object at 0xdeadbeef>")
+
+    monkeypatch.setattr(timestamps, "timed_units", broken)
+
+    async def main() -> None:
+        async with harness_with_aligner(frames=3) as h:
+            call = h.stub.Synthesize(request("Hello there.", request_id="req-bug"), timeout=10)
+            responses = [r async for r in call]
+        message = responses[-2].timestamps
+        assert not message.units and "req-bug" in message.error
+        assert "secret" not in message.error and "RuntimeError" not in message.error
+
+    run(main())
+
+
 def test_an_unreachable_aligner_leaves_the_audio_and_says_so() -> None:
     async def main() -> None:
-        with socket.socket() as probe:  # a port nothing listens on
-            probe.bind(("127.0.0.1", 0))
-            target = f"127.0.0.1:{probe.getsockname()[1]}"
+        target = f"127.0.0.1:{free_port()}"  # a port nothing listens on
         async with Harness(frames=3, aligner_targets=(target,), failover_wait_seconds=0.2) as h:
-            responses = [r async for r in h.stub.Synthesize(request("Hello there."), timeout=10)]
+            call = h.stub.Synthesize(request("Hello there.", request_id="req-ts"), timeout=10)
+            responses = [r async for r in call]
         assert kinds(responses)[-2:] == ["timestamps", "summary"]
         message = responses[-2].timestamps
-        assert not message.units and "aligner stage unavailable" in message.error
+        assert not message.units and "the aligner stage is unavailable" in message.error
+        assert "req-ts" in message.error  # the request id to quote, never the aligner's address
+        assert "127.0.0.1" not in message.error and target.split(":")[1] not in message.error
         assert responses[-1].summary.num_samples == 3 * SAMPLES_PER_FRAME
 
     run(main())
@@ -368,10 +428,7 @@ def test_a_client_leaving_stops_the_stages_and_the_pending_alignments() -> None:
     async def main() -> None:
         aligner = FakeAligner()
         aligner.gate = asyncio.Event()  # alignments stay pending
-        async with (
-            serve_aligner(aligner) as target,
-            Harness(frames=3, segment_tokens=20, aligner_targets=(target,)) as h,
-        ):
+        async with harness_with_aligner(aligner, frames=3, segment_tokens=20) as h:
             call = h.stub.Synthesize(request(), timeout=10)
             while not aligner.requests:  # the first segment is complete and being aligned
                 assert (await call.read()).WhichOneof("payload") in ("metadata", "audio")
@@ -397,7 +454,7 @@ def test_a_slow_aligner_never_holds_back_streamed_audio() -> None:
         messages = [Message(config=request(""))]
         for text in texts:
             messages += [Message(text=text), flush]
-        async with serve_aligner(aligner) as target, Harness(frames=3, aligner_targets=(target,)) as h:
+        async with harness_with_aligner(aligner, frames=3) as h:
             call = h.stub.StreamingSynthesize(iter(messages), timeout=10)
             seen = []
             # Every utterance's audio and end arrive while the aligner holds every answer.

@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 
-from qwen3_tts import dev_model
 from qwen3_tts.dev_model import MODEL_TYPES, dev_model_config, dev_speech_tokenizer_config, make_dev_model
 from tts_common.config import Qwen3TTSConfig, SpeechTokenizerConfig
 from tts_common.release_dims import release_decoder_config, release_model_config
@@ -80,7 +79,7 @@ def test_an_interrupted_write_leaves_no_config_json(tmp_path: Path, monkeypatch:
             raise OSError(28, "No space left on device")
         real_replace(source, target)
 
-    monkeypatch.setattr(dev_model.os, "replace", fail_on_the_tokenizer)
+    monkeypatch.setattr(os, "replace", fail_on_the_tokenizer)
     with pytest.raises(OSError, match="No space left"):
         make_dev_model(root, "custom_voice")
     assert not (root / "config.json").exists()

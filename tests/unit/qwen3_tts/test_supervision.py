@@ -228,6 +228,22 @@ def test_groups_are_what_the_caller_says() -> None:
     assert reports[-1] == "no talker-base replica left; stopping"
 
 
+def test_the_aligner_is_supervised_like_the_speaker() -> None:
+    """The aligner (one per stack, like a one-model speaker): restarted after it exits, given
+    up on after failing to start, and then the stack stops, as for the speaker."""
+    names = ["talker", "decoder", "speaker", "aligner", "gateway"]
+    code, world, supervisor, reports, _ = supervise(
+        names, {"aligner": [Life(exits_after=5, code=-9), Life()]}, stop_at=30
+    )
+    assert code == 0 and not supervisor.given_up and len(world.starts["aligner"]) == 2
+    assert "aligner is serving again (restart 1)" in reports
+    failing = [Life(serves_after=None, exits_after=0.5)]
+    for stage in ("speaker", "aligner"):
+        code, _, supervisor, reports, _ = supervise(names, {stage: failing})
+        assert code == 1 and supervisor.given_up == [stage]
+        assert reports[-1] == f"no {stage} replica left; stopping"
+
+
 def test_the_gateway_exit_stops_the_stack() -> None:
     code, world, _, reports, _ = supervise(STACK, {"gateway": [Life(exits_after=5, code=-9)]})
     assert code == 1 and reports[-1] == "gateway exited with code -9; stopping"

@@ -11,6 +11,8 @@ import time
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from talker_service.engine import EngineConfig, FinishReason, FrameEvent, TalkerEngine
 from talker_service.engine.request import EngineRequest
@@ -214,6 +216,38 @@ def test_scheduler_bounds_prefill_work_per_step_and_drops_cancelled():
     assert out.aborted == [reqs[2]] and [r.request_id for r in out.prefill] == ["r3"]
     assert sched.num_running == 3 and sched.num_waiting == 0
     assert [r.slot for r in (reqs[0], reqs[1], reqs[3])] == [0, 1, 2]  # lowest free slot first
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    arrivals=st.lists(st.integers(1, 40), min_size=1, max_size=30),
+    running=st.integers(0, 4),
+    per_step=st.integers(1, 4),
+)
+def test_admissions_per_step_are_bounded_while_streams_run(arrivals: list[int], running: int, per_step: int):
+    """While any stream runs, at most max_prefills_per_step prefills land between two of its steps
+    (and the token bound holds); an idle engine admits up to the token bound; everyone gets in."""
+    config = EngineConfig(
+        max_slots=64, max_seq_len=100, max_prefill_tokens_per_step=64, max_prefills_per_step=per_step
+    )
+    sched = Scheduler(config)
+    for i in range(running):
+        sched.add(_request(f"run{i}", 5, max_frames=90))
+    sched.schedule()  # idle: the running ones get in at once (within the token bound)
+    while sched.num_waiting:
+        sched.schedule()
+    for i, length in enumerate(arrivals):
+        sched.add(_request(f"new{i}", length, max_frames=50))
+    admitted = 0
+    while sched.num_waiting:
+        streams = sched.num_running > 0
+        out = sched.schedule()
+        assert out.prefill, "no progress"
+        if streams:
+            assert len(out.prefill) <= per_step
+        assert len(out.prefill) == 1 or sum(r.prompt_len for r in out.prefill) <= 64
+        admitted += len(out.prefill)
+    assert admitted == len(arrivals)
 
 
 def test_scheduler_update_retires_on_eos_and_budget_and_frees_the_slot():

@@ -126,6 +126,30 @@ def test_cuda_graphs_replay_what_the_emulation_computes(kernel: str) -> None:
     assert graphed.codes == emulated.codes
 
 
+def test_greedy_only_batches_replay_the_greedy_variant_with_the_eager_codes(model: TalkerModel) -> None:
+    greedy = SamplingParams.greedy()
+    plan = [(0, greedy, 6), (0, greedy, 3), (1, greedy, 5)]
+    config: dict[str, object] = {"max_slots": 3, "batch_buckets": (1, 2)}
+    eager = _drive(model, _config(False, **config), plan)
+    runner_replays: dict[str, int] = {}
+    original = TalkerRunner.step
+
+    def counting(self: TalkerRunner, requests: list[EngineRequest]):  # type: ignore[no-untyped-def]
+        out = original(self, requests)
+        assert self.graphs is not None
+        runner_replays.update({k: c.replays for k, c in self.graphs.captured.items()})
+        return out
+
+    TalkerRunner.step = counting  # type: ignore[method-assign]
+    try:
+        graph = _drive(model, _config(True, **config), plan)
+    finally:
+        TalkerRunner.step = original  # type: ignore[method-assign]
+    assert graph.codes == eager.codes
+    assert sum(n for k, n in runner_replays.items() if k.endswith(",greedy]")) > 0
+    assert sum(n for k, n in runner_replays.items() if not k.endswith(",greedy]")) == 0
+
+
 def test_every_bucket_is_captured_before_serving(tmp_path) -> None:
     config = _config(True, max_slots=5, batch_buckets=(1, 2, 4, 8))
     servicer = TalkerServicer(str(CKPT_DIR / NAME), config)
@@ -134,7 +158,9 @@ def test_every_bucket_is_captured_before_serving(tmp_path) -> None:
         assert servicer.engine is not None
         graphs = servicer.engine.runner.graphs
         assert graphs is not None
-        assert graphs.report.names == ["talker[B=5]", "talker[B=4]", "talker[B=2]", "talker[B=1]"]
+        assert graphs.report.names == [
+            f"talker[B={b}{variant}]" for b in (5, 4, 2, 1) for variant in ("", ",greedy")
+        ]
         assert set(graphs.captured) == set(graphs.report.names)
     finally:
         asyncio.run(servicer.close())

@@ -89,6 +89,21 @@ def test_a_fraction_is_of_the_available_memory() -> None:
     assert plan_kv_cache(cfg, dataclasses.replace(config, max_seq_len=8), torch.float32).slots >= 1
 
 
+def test_the_budget_comes_after_the_other_stages_share() -> None:
+    cfg = real_size_talker()
+    share = 12 * 2**30
+    config = EngineConfig(max_slots=64, max_seq_len=2048, other_stages_memory=share)
+    per_slot = 2048 * kv_bytes_per_position(cfg, torch.float32)
+    plan = plan_kv_cache(cfg, config, torch.float32, available=20 * 10**9)
+    assert plan.slots == int(0.5 * (20 * 10**9 - share)) // per_slot
+    assert plan.describe().endswith("after 12.00 GiB for the stages beside it")
+    with pytest.raises(KVBudgetError, match="holds no KV slot"):
+        plan_kv_cache(cfg, config, torch.float32, available=share)
+    assert talker_args("--other-stages-memory", "3GiB").other_stages_memory == 3 * 2**30
+    with pytest.raises(SystemExit):
+        talker_args("--other-stages-memory", "0.5")
+
+
 def talker_args(*argv: str):
     return FLAGS.parser().parse_args(["--model", str(CKPT), *argv])
 

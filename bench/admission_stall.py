@@ -1,0 +1,185 @@
+"""Admission stall: the gap between consecutive frames of running streams while newcomers arrive.
+
+8 streams run (steady state); then 16 new requests arrive at once (short, streamed-text-sized
+prompts). Every admission is a prefill the running streams wait for; the engine bounds them per
+iteration (tokens and, since issue 25, requests). Measured on the engine in-process (random
+weights, fixed-length runs: the EOS logit is zeroed):
+
+* steady gap: p50 of the running streams' frame gaps before the arrivals (batch 8) and after
+  every newcomer is in (batch 24);
+* stall window: every gap of the running streams from the arrivals until each newcomer has its
+  first frame: p50, p99 and max, and p99 / steady gap (the goal: at most 2x).
+
+The script runs against whichever code it imports, so BEFORE/AFTER compare two checkouts side
+by side in one session, e.g.::
+
+    (cd /work/main && python /path/to/bench/admission_stall.py --json before.json)   # main
+    python -m bench.admission_stall --json after.json                                 # this branch
+
+(``python -m`` from a checkout imports that checkout; a script path imports the installed one.)
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+import torch
+
+import talker_service
+from talker_service.engine import EngineConfig, FrameEvent, TalkerEngine
+from talker_service.model.loader import TalkerModel
+from talker_service.model.prompt import TalkerPrompt
+from talker_service.model.talker import Talker
+from tts_common.config import CheckpointConfig, GenerationConfig, Qwen3TTSConfig, SpeechTokenizerConfig
+from tts_common.synthesis import SamplingParams
+
+
+def build_model(size: str) -> TalkerModel:
+    """Random talker weights at the dev (tiny) or released dimensions."""
+    from qwen3_tts.dev_model import dev_model_config, dev_speech_tokenizer_config
+
+    cfg = Qwen3TTSConfig.from_dict(dev_model_config("custom_voice", size))
+    torch.manual_seed(0)
+    talker = Talker(cfg.talker).eval().requires_grad_(False)
+    with torch.no_grad():
+        talker.codec_head.weight[cfg.talker.codec_eos_token_id].zero_()  # fixed-length runs
+    ckpt = CheckpointConfig(
+        path=Path("."),
+        model=cfg,
+        speech_tokenizer=SpeechTokenizerConfig.from_dict(dev_speech_tokenizer_config(size)),
+        generation=GenerationConfig(),
+    )
+    return TalkerModel(
+        config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=torch.float32
+    )  # type: ignore[arg-type]
+
+
+def prompt(model: TalkerModel, length: int, seed: int) -> TalkerPrompt:
+    g = torch.Generator().manual_seed(seed)
+    h = model.config.model.talker.hidden_size
+    return TalkerPrompt(
+        prefill=torch.randn(length, h, generator=g) * 0.02,
+        trailing=torch.randn(1, h, generator=g) * 0.02,
+        tts_pad=torch.zeros(h),
+        text_tokens=12,
+    )
+
+
+class Stream:
+    """Frame arrival times of one request."""
+
+    def __init__(self) -> None:
+        self.times: list[float] = []
+        self.first = threading.Event()
+
+    def __call__(self, event: object) -> None:
+        if isinstance(event, FrameEvent):
+            self.times.append(time.monotonic())
+            self.first.set()
+
+
+def gaps(streams: list[Stream], start: float, end: float) -> list[float]:
+    """Gaps (s) between consecutive frames of ``streams`` whose later frame lies in [start, end]."""
+    out = []
+    for s in streams:
+        out += [b - a for a, b in zip(s.times, s.times[1:]) if start <= b <= end]
+    return out
+
+
+def p(values: list[float], q: float) -> float:
+    values = sorted(values)
+    return values[min(len(values) - 1, int(q * len(values)))] if values else float("nan")
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    torch.set_num_threads(args.threads)
+    model = build_model(args.size)
+    config = EngineConfig(
+        max_slots=args.running + args.arrivals, max_seq_len=args.max_seq_len, max_waiting=256
+    )
+    if args.max_prefills_per_step and hasattr(config, "max_prefills_per_step"):
+        config = dataclasses.replace(config, max_prefills_per_step=args.max_prefills_per_step)
+    sampling = SamplingParams()  # the checkpoint default: sampled (Gumbel noise) at both stages
+    running = [Stream() for _ in range(args.running)]
+    newcomers = [Stream() for _ in range(args.arrivals)]
+    with TalkerEngine(model, config) as engine:
+        for i, sink in enumerate(running):
+            engine.add(
+                f"run{i}",
+                prompt(model, args.prompt_len, i),
+                dataclasses.replace(sampling, seed=i),
+                args.max_seq_len - args.prompt_len - 2,
+                sink,
+            )
+        while min(len(s.times) for s in running) < args.warm_frames:
+            time.sleep(0.005)
+        t_steady = time.monotonic()
+        while min(len(s.times) for s in running) < args.warm_frames + args.steady_frames:
+            time.sleep(0.005)
+        t_arrive = time.monotonic()
+        for i, sink in enumerate(newcomers):
+            engine.add(
+                f"new{i}",
+                prompt(model, args.prompt_len, 100 + i),
+                dataclasses.replace(sampling, seed=100 + i),
+                args.new_frames,
+                sink,
+            )
+        for s in newcomers:
+            s.first.wait(600)
+        t_in = time.monotonic()
+        marks = [len(s.times) for s in running]
+        while min(len(s.times) - m for s, m in zip(running, marks)) < args.steady_frames:
+            time.sleep(0.005)
+        t_end = time.monotonic()
+        steps = engine.steps
+    before = gaps(running, t_steady, t_arrive)
+    window = gaps(running, t_arrive, t_in)
+    after = gaps(running, t_in, t_end)
+    steady8, steady_all = statistics.median(before), statistics.median(after)
+    return {
+        "code": str(Path(talker_service.__file__).parent.parent),
+        "size": args.size,
+        "threads": args.threads,
+        "max_prefills_per_step": getattr(config, "max_prefills_per_step", None),
+        "steady_gap_ms_batch_running": round(steady8 * 1000, 2),
+        "steady_gap_ms_batch_all": round(steady_all * 1000, 2),
+        "window_ms": round((t_in - t_arrive) * 1000, 1),
+        "window_gaps": len(window),
+        "window_gap_p50_ms": round(p(window, 0.5) * 1000, 2),
+        "window_gap_p99_ms": round(p(window, 0.99) * 1000, 2),
+        "window_gap_max_ms": round(max(window) * 1000, 2),
+        "p99_over_steady_running": round(p(window, 0.99) / steady8, 2),
+        "p99_over_steady_all": round(p(window, 0.99) / steady_all, 2),
+        "engine_steps": steps,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--size", default="dev", choices=["dev", "0b6", "1b7"])
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--running", type=int, default=8)
+    ap.add_argument("--arrivals", type=int, default=16)
+    ap.add_argument("--prompt-len", type=int, default=12, help="prompt positions (streamed text starts ~10)")
+    ap.add_argument("--new-frames", type=int, default=60)
+    ap.add_argument("--max-seq-len", type=int, default=512)
+    ap.add_argument("--warm-frames", type=int, default=5)
+    ap.add_argument("--steady-frames", type=int, default=10)
+    ap.add_argument("--max-prefills-per-step", type=int, default=0, help="0: the engine's default")
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args()
+    result = run(args)
+    print(json.dumps(result, indent=2))
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    main()

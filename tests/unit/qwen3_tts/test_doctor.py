@@ -1,0 +1,90 @@
+"""``qwen3-tts doctor --device cpu`` (the emulated graph path, CI-sized): every check passes and
+the JSON report holds every check, time and memory figure; an injected wrong block list or a
+failed capture makes it fail, naming the check."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from qwen3_tts.cli import main
+from talker_service.model.decode_attention import InPlaceAttention
+from tts_common.cuda_graphs import StepCapture
+
+CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "ckpt" / "tiny_custom_voice_1b7"
+SMALL = [
+    "--max-slots", "2", "--max-seq-len", "140", "--timed-steps", "1",
+    "--decoder-batch-buckets", "1,2", "--decoder-frame-buckets", "1,3",
+]  # fmt: skip
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _doctor(tmp_path: Path, *extra: str) -> tuple[int, dict]:
+    out = tmp_path / "report.json"
+    with pytest.raises(SystemExit) as exit_info:
+        main(["doctor", "--device", "cpu", "--model", str(CKPT), *SMALL, "--json", str(out), *extra])
+    return int(exit_info.value.code or 0), json.loads(out.read_text())
+
+
+def test_doctor_passes_on_cpu_and_reports_everything(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
+    code, report = _doctor(tmp_path)
+    failed = [c for c in report["checks"] if not c["passed"]]
+    assert code == 0 and report["passed"], failed
+    names = [c["name"] for c in report["checks"]]
+    for name in (
+        "environment.c_compiler",
+        "talker.capture",
+        "talker.block_lists",
+        "talker.attention",
+        "talker.graph_vs_eager",
+        "talker.step_time",
+        "decoder.capture",
+        "decoder.graph_vs_eager",
+        "decoder.chunk_time",
+    ):
+        assert name in names
+    assert report["environment"]["torch"] == torch.__version__
+    assert set(report["talker"]["step_seconds"]) == {"1", "2"}
+    assert all(s > 0 for s in report["talker"]["step_seconds"].values())
+    assert set(report["decoder"]["chunk_seconds"]) == {"1x1", "1x3", "2x1", "2x3"}
+    assert report["talker"]["step_path"] == report["decoder"]["step_path"] == "emulated-graphs"
+    memory = report["memory"]
+    assert memory["talker_weights_bytes"] > 0 and memory["talker_kv_bytes"] > 0 and memory["peak_bytes"] > 0
+    plan = report["plan"]
+    assert (
+        plan["kv_budget_bytes"] + plan["reserve_bytes"] + sum(s["bytes"] for s in plan["shares"])
+        == plan["total_bytes"]
+    )
+    assert plan["slots"] == plan["kv_budget_bytes"] // plan["kv_bytes_per_slot"] > 0
+    out = capsys.readouterr().out
+    assert "doctor: all checks passed" in out and "memory plan of cpu" in out
+
+
+def test_doctor_fails_naming_a_wrong_block_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    right = InPlaceAttention.set_lengths
+
+    def wrong(self: InPlaceAttention, lengths: torch.Tensor) -> None:
+        right(self, lengths)
+        if self.kernel == "flex":
+            self._partial_idx[:, 0, 0, 0].add_(1).clamp_(max=self._blocks - 1)
+
+    monkeypatch.setattr(InPlaceAttention, "set_lengths", wrong)
+    code, report = _doctor(tmp_path)
+    failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
+    assert code == 1 and list(failed) == ["talker.block_lists"]
+    assert "partial-block list" in failed["talker.block_lists"]
+
+
+def test_doctor_fails_naming_a_compile_failure(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    def fail(self: StepCapture, name: str, step: object) -> None:
+        raise RuntimeError("InductorError: CalledProcessError: cc not found")
+
+    monkeypatch.setattr(StepCapture, "capture", fail)
+    code, report = _doctor(tmp_path)
+    failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
+    assert code == 1 and set(failed) == {"talker.capture", "decoder.capture"}
+    assert "cc not found" in failed["talker.capture"]
