@@ -1,12 +1,16 @@
 """CPU serving, in one run: our stack vs the offline in-process pipeline vs the official
 implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpoint.
 
-For every ``--dtypes`` entry (default ``float32,auto``; ``auto`` resolved as the stages resolve it):
+For every ``--dtypes`` entry (default ``float32,auto,int8``; ``auto`` resolved as the stages
+resolve it, by measurement; ``int8`` = float32 with ``--quantization int8``):
 
-* offline: one request through ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and
-  decoder in this process): RTF, and the talker's ms per frame against the read-bandwidth floor
+* offline: ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and decoder in this
+  process), its linear kernels chosen first for batches up to ``--batch`` (the kernel table is
+  reported): one request: RTF, and the talker's ms per frame against the read-bandwidth floor
   of the dtype (weights one frame must stream: the talker once, the code predictor 15 times);
-* stack: the four processes of ``qwen3-tts up`` (same flags and environment: all cores per stage,
+  ``--batch`` requests at once: the talker's frames/s against one request's; the decoder's CPU
+  milliseconds per frame (process CPU time while it decodes);
+* stack (unless ``--skip-stack``): the four processes of ``qwen3-tts up`` (same flags and environment: all cores per stage,
   passive OpenMP waiting), stage dtype set through ``QWEN3TTS_DTYPE``; resident memory of each
   process at idle and after load; one stream (RTF, time to first audio); then closed-loop
   concurrency 1, 2, 4, ... (``--concurrency``): aggregate audio seconds per second, playback
@@ -34,6 +38,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import gc
 import json
 import os
@@ -52,6 +57,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the l
 
 import load
 from decoder_bench import attainable_gflops, best_time
+from talker_bench import frame_weight_bytes
 
 from qwen3_tts.dev_model import SIZES, make_dev_model
 from qwen3_tts.local_stack import (
@@ -65,14 +71,18 @@ from qwen3_tts.local_stack import (
 )
 from qwen3_tts.offline import OfflineRequest, OfflineSynthesizer
 from tts_common.config import load_checkpoint_config
+from tts_common.cpu_info import cpu_flags, cpu_model
+from tts_common.kernels.choice import set_up_linears
 from tts_common.memory import resident_bytes
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
-from tts_common.precision import cpu_flags, cpu_model, resolve_dtype
+from tts_common.precision import resolve_dtype
 
 FRAME_RATE = 12.5
 INTERESTING_FLAGS = ("avx2", "fma", "avx512f", "avx512_vnni", "avx512_bf16", "amx_tile", "amx_bf16", "bf16")
 TEXT = "The quick brown fox jumps over the lazy dog, and streaming speech should never stutter."
 OFFICIAL_BATCH = 8
+SHORT_TOKENS = 3
+"""Frames + 1 of the short run the per-frame figures subtract."""
 
 
 # ---------------------------------------------------------------------------------------------
@@ -140,48 +150,83 @@ def machine_info(bandwidth_mib: int) -> dict[str, Any]:
 # Offline, in this process
 
 
-def frame_weight_bytes(synth: OfflineSynthesizer) -> int:
-    """Weight bytes one decode frame streams: the talker backbone and codec head once, the code
-    predictor's layers plus one head 15 times (embedding rows read are negligible)."""
-    talker = synth.talker.talker
+def _talker_and_decode(
+    synth: OfflineSynthesizer, requests: list[OfflineRequest], sampling: tts_pb2.SamplingOptions
+) -> tuple[int, float, float, float, float]:
+    """Frames, wall seconds of the whole call, of decoding its codes again, the decoder's CPU
+    seconds doing so, and seconds of audio."""
+    t0 = time.perf_counter()
+    results = synth.synthesize(requests, sampling)
+    seconds = time.perf_counter() - t0
+    codes = [torch.from_numpy(r.codes) for r in results]
+    c0, t0 = time.process_time(), time.perf_counter()
+    synth.decoder.decode_utterances(codes)
+    decode_s, decode_cpu = time.perf_counter() - t0, time.process_time() - c0
+    audio_s = sum(len(r.wav) for r in results) / synth.sample_rate
+    return sum(len(c) for c in codes), seconds, decode_s, decode_cpu, audio_s
 
-    def size(module: torch.nn.Module) -> int:
-        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
 
-    backbone = size(talker.model.layers) + size(talker.model.norm) + size(talker.codec_head)
-    cp = talker.code_predictor
-    per_step = size(cp.model.layers) + size(cp.lm_head[0]) + size(cp.small_to_mtp_projection)
-    return backbone + (cp.num_groups - 1) * per_step
+def talker_seconds_per_frame(
+    synth: OfflineSynthesizer,
+    requests: list[OfflineRequest],
+    sampling: tts_pb2.SamplingOptions,
+    short: tts_pb2.SamplingOptions,
+) -> float:
+    """The talker's seconds per step: (a long run - a short run) / the frames between, each
+    without its decoding (load, prompts and prefill cancel out)."""
+    n_long, s_long, d_long, _, _ = _talker_and_decode(synth, requests, sampling)
+    n_short, s_short, d_short, _, _ = _talker_and_decode(synth, requests, short)
+    steps = (n_long - n_short) / len(requests)
+    return ((s_long - d_long) - (s_short - d_short)) / max(steps, 1)
 
 
-def bench_offline(model: Path, dtype: str, speaker: str, max_new_tokens: int, bandwidth_gbs: float) -> dict:
+def bench_offline(
+    model: Path,
+    dtype: str,
+    quantization: str,
+    speaker: str,
+    max_new_tokens: int,
+    bandwidth_gbs: float,
+    batch: int,
+) -> dict:
     synth = OfflineSynthesizer(model, "cpu", getattr(torch, dtype))
+    buckets = [b for b in (1, 2, 4, 8, 16, 32) if b < batch] + [batch]
+    kernels, table = set_up_linears(
+        synth.talker.talker, "cpu", synth.talker.dtype, "auto", quantization, buckets
+    )
+    print(f"  linear kernels: {kernels}", flush=True)
+    if table is not None:
+        print(table.describe(), flush=True)
     request = OfflineRequest(id="offline", text=TEXT, language="english", speaker=speaker)
     sampling = tts_pb2.SamplingOptions(seed=1, max_new_tokens=max_new_tokens)
-    synth.synthesize([request], tts_pb2.SamplingOptions(seed=1, max_new_tokens=4))  # warm-up
-    t0 = time.perf_counter()
-    (result,) = synth.synthesize([request], sampling)
-    seconds = time.perf_counter() - t0
-    frames = len(result.codes)
-    weights = frame_weight_bytes(synth)
-    audio_s = len(result.wav) / synth.sample_rate
-    out = {
+    short = tts_pb2.SamplingOptions(seed=1, max_new_tokens=SHORT_TOKENS)
+    synth.synthesize([request], short)  # warm-up
+    frames, seconds, decode_s, decode_cpu, audio_s = _talker_and_decode(synth, [request], sampling)
+    weights = frame_weight_bytes(synth.talker.talker)
+    out: dict[str, Any] = {
+        "kernels": kernels,
+        "kernel_table": None if table is None else table.as_dict(),
         "frames": frames,
         "seconds": round(seconds, 3),
         "rtf": round(seconds / audio_s, 3) if audio_s else None,
         "ms_per_frame_incl_decode": round(1000 * seconds / max(frames, 1), 1),
         "frame_weight_bytes": weights,
         "bandwidth_floor_ms_per_frame": round(1000 * weights / (bandwidth_gbs * 1e9), 1),
+        "decode_seconds": round(decode_s, 3),
+        "decoder_cpu_ms_per_frame": round(1000 * decode_cpu / max(frames, 1), 1),
     }
-    # The talker's share: the whole request minus decoding its codes again.
-    t0 = time.perf_counter()
-    synth.decoder.decode_utterances([torch.from_numpy(result.codes)])
-    decode_s = time.perf_counter() - t0
-    out["decode_seconds"] = round(decode_s, 3)
-    out["talker_ms_per_frame"] = round(1000 * (seconds - decode_s) / max(frames, 1), 1)
+
+    step_1 = talker_seconds_per_frame(synth, [request], sampling, short)
+    out["talker_ms_per_frame"] = round(1000 * step_1, 1)
     out["talker_vs_floor"] = round(
         out["talker_ms_per_frame"] / max(out["bandwidth_floor_ms_per_frame"], 1e-9), 2
     )
+    if batch > 1:
+        many = [dataclasses.replace(request, id=f"offline-{i}") for i in range(batch)]
+        step_b = talker_seconds_per_frame(synth, many, sampling, short)
+        out["talker_frames_per_s_b1"] = round(1 / step_1, 2)
+        out[f"talker_frames_per_s_b{batch}"] = round(batch / step_b, 2)
+        out[f"b{batch}_over_b1"] = round(batch * step_1 / step_b, 2)
     del synth
     gc.collect()
     return out
@@ -192,13 +237,14 @@ def bench_offline(model: Path, dtype: str, speaker: str, max_new_tokens: int, ba
 
 
 @contextlib.contextmanager
-def running_stack(model: Path, dtype: str, max_slots: int, log_dir: Path):
+def running_stack(model: Path, dtype: str, quantization: str, max_slots: int, log_dir: Path):
     """The four processes of ``qwen3-tts up`` on free loopback ports (the gateway's HTTP API too,
     clear of a running ``qwen3-tts up``), SERVING; stopped on exit."""
     stages = stage_commands(model, "127.0.0.1", 0, 0, "cpu", False)
     on_free_ports(stages)
     env = stage_environment(os.environ) | {
         "QWEN3TTS_DTYPE": dtype,
+        "QWEN3TTS_TALKER_QUANTIZATION": quantization,
         "QWEN3TTS_TALKER_MAX_SLOTS": str(max_slots),
         "QWEN3TTS_GATEWAY_MAX_CONCURRENT_STREAMS": str(max(64, 2 * max_slots)),
     }
@@ -276,9 +322,11 @@ async def _warm(gateway: str, speaker: str) -> None:
         await load.one_request(stub, load_args(gateway, speaker, 4, 1, 1), random.Random(0))
 
 
-def bench_stack(model: Path, dtype: str, speaker: str, opts: argparse.Namespace) -> dict[str, Any]:
+def bench_stack(
+    model: Path, dtype: str, quantization: str, speaker: str, opts: argparse.Namespace
+) -> dict[str, Any]:
     ladder = [int(c) for c in opts.concurrency.split(",")]
-    with running_stack(model, dtype, max(ladder), opts.work_dir / "logs") as stages:
+    with running_stack(model, dtype, quantization, max(ladder), opts.work_dir / "logs") as stages:
         gateway = next(s for s in stages if s.name == "gateway").address
         time.sleep(2.0)  # let start-up allocations settle before the idle figure
         out: dict[str, Any] = {"resident_mib_idle": resident(stages)}
@@ -343,7 +391,13 @@ def main() -> None:
     src.add_argument("--model", type=Path, help="a CustomVoice checkpoint directory")
     src.add_argument("--size", choices=SIZES, default="0b6", help="random checkpoint at this size")
     ap.add_argument("--work-dir", type=Path, default=Path(".bench-cpu-serving"))
-    ap.add_argument("--dtypes", default="float32,auto")
+    ap.add_argument(
+        "--dtypes",
+        default="float32,auto,int8",
+        help="float32, bfloat16, auto; int8 = float32 weights quantized",
+    )
+    ap.add_argument("--batch", type=int, default=8, help="offline: requests at once against one")
+    ap.add_argument("--skip-stack", action="store_true", help="offline figures only")
     ap.add_argument("--speaker", default="ryan")
     ap.add_argument("--max-new-tokens", type=int, default=121, help="frames per request + 1 (~10 s)")
     ap.add_argument("--concurrency", default="1,2,4,8", help="closed-loop levels")
@@ -376,24 +430,32 @@ def main() -> None:
         "runs": {},
     }
     print(json.dumps(report["machine"], indent=2), flush=True)
-    measured: dict[str, str] = {}
+    measured: dict[tuple[str, str], str] = {}
     for name in opts.dtypes.split(","):
-        dtype = resolve_dtype(name, "cpu")
-        print(f"== --dtype {name} ({dtype})", flush=True)
-        if dtype in measured:  # e.g. auto on a CPU without native bfloat16: float32 again
-            report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype]}
+        quantization = "int8" if name == "int8" else "none"
+        dtype = "float32" if name == "int8" else resolve_dtype(name, "cpu")
+        print(f"== --dtype {name} ({dtype}, quantization {quantization})", flush=True)
+        if (dtype, quantization) in measured:  # e.g. auto measured float32: float32 again
+            report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype, quantization]}
             continue
-        measured[dtype] = name
-        run: dict[str, Any] = {"dtype": dtype}
+        measured[dtype, quantization] = name
+        run: dict[str, Any] = {"dtype": dtype, "quantization": quantization}
         run["offline"] = bench_offline(
-            model, dtype, opts.speaker, opts.max_new_tokens, report["machine"]["memory_bandwidth_gbs"]["read"]
+            model,
+            dtype,
+            quantization,
+            opts.speaker,
+            opts.max_new_tokens,
+            report["machine"]["memory_bandwidth_gbs"]["read"],
+            opts.batch,
         )
         print(f"  offline: {run['offline']}", flush=True)
-        run["stack"] = bench_stack(model, dtype, opts.speaker, opts)
-        single = run["stack"]["single_stream"]
-        if single["rtf_mean"] and run["offline"]["rtf"]:
-            run["stack_over_offline_rtf"] = round(single["rtf_mean"] / run["offline"]["rtf"], 2)
-        if not opts.skip_official and dtype == "float32":
+        if not opts.skip_stack:
+            run["stack"] = bench_stack(model, dtype, quantization, opts.speaker, opts)
+            single = run["stack"]["single_stream"]
+            if single["rtf_mean"] and run["offline"]["rtf"]:
+                run["stack_over_offline_rtf"] = round(single["rtf_mean"] / run["offline"]["rtf"], 2)
+        if not opts.skip_official and dtype == "float32" and quantization == "none":
             run["official"] = bench_official(
                 model, dtype, opts.speaker, opts.max_new_tokens, opts.official_python
             )

@@ -10,7 +10,11 @@ Builds a talker with random weights at the REAL dimensions of a released checkpo
 Example (writes bench/results/talker_0b6.json, the figures quoted in the issue notes):
     python bench/talker_bench.py --size 0b6 --threads 2 --frames 32 --repeat 2 --concurrency 1,4,16 \
         --json bench/results/talker_0b6.json
-(``--linear torch`` measures torch's own linear kernels instead of the pre-packed oneDNN ones.)
+The linear kernels are chosen once, before any engine, for the largest concurrency's batch buckets
+(``--linear auto``: measured per shape, as the talker server does; the table is printed), and the
+report sets the offline ms/frame against the floor of the dtype: the weight bytes one frame streams
+(talker once, code predictor 15 times) over the read bandwidth measured in the same run.
+``--dtype auto`` resolves as the stages do (measured); ``--quantization int8`` as the talker's flag.
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
 from tts_common.compute_thread import call_in_fresh_thread
 from tts_common.config import CheckpointConfig, GenerationConfig, SpeechTokenizerConfig
+from tts_common.cpu_info import cpu_model
+from tts_common.kernels.choice import set_up_linears
+from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES, resolve_dtype
 from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
 from tts_common.synthesis import SamplingParams
 
@@ -47,6 +54,32 @@ def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
         generation=GenerationConfig(),
     )
     return TalkerModel(config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=dtype)  # type: ignore[arg-type]
+
+
+def frame_weight_bytes(talker: Talker) -> int:
+    """Weight bytes one decode frame streams: the talker's layers and codec head once, the code
+    predictor's layers, input projection and one head per codebook after the first (embedding
+    rows read are negligible)."""
+
+    def size(module: torch.nn.Module) -> int:
+        return sum(t.numel() * t.element_size() for t in [*module.parameters(), *module.buffers()])
+
+    backbone = size(talker.model.layers) + size(talker.model.norm) + size(talker.codec_head)
+    cp = talker.code_predictor
+    per_step = size(cp.model.layers) + size(cp.lm_head[0]) + size(cp.small_to_mtp_projection)
+    return backbone + (cp.num_groups - 1) * per_step
+
+
+def read_bandwidth_gbs(mib: int = 512, repeat: int = 5) -> float:
+    """Best-of-``repeat`` GB/s of a sum over a buffer far larger than the caches (weights are
+    only read, so this is what a decode step's floor is set against)."""
+    buf = torch.ones(mib * 2**20 // 4)
+    best = float("inf")
+    for _ in range(repeat):
+        t0 = time.perf_counter()
+        buf.sum()
+        best = min(best, time.perf_counter() - t0)
+    return buf.numel() * 4 / best / 1e9
 
 
 def random_prompt(model: TalkerModel, prefill_len: int, seed: int) -> TalkerPrompt:
@@ -154,33 +187,52 @@ def bench_engine(model: TalkerModel, concurrency: int, frames: int, prefill_len:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="0b6", choices=["0b6", "1b7"])
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "auto"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--frames", type=int, default=32, help="frames per request")
     ap.add_argument("--prefill-len", type=int, default=20)
     ap.add_argument("--concurrency", default="1,2,4,8,16")
     ap.add_argument("--repeat", type=int, default=2, help="runs per configuration; the best is reported")
-    ap.add_argument(
-        "--linear",
-        default="onednn",
-        choices=["onednn", "torch"],
-        help="CPU float32 linear kernels: pre-packed oneDNN or torch's (the engine's --linear)",
-    )
+    ap.add_argument("--linear", default="auto", choices=LINEAR_CHOICES, help="the engine's --linear")
+    ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES, help="the engine's flag")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtype = getattr(torch, args.dtype)
+    dtype_name = resolve_dtype(args.dtype, "cpu")
+    dtype = getattr(torch, dtype_name)
+    concurrency = [int(x) for x in args.concurrency.split(",")]
     t0 = time.perf_counter()
     # Every compute runs off the main thread, in threads that exit, except the engine's loop: as
     # in the talker server (tts_common.compute_thread explains why it matters on CPU).
     model = call_in_fresh_thread(build_model, args.size, dtype)
+    buckets = EngineConfig(max_slots=max(concurrency)).graph_buckets
+    kernels, table = call_in_fresh_thread(
+        set_up_linears, model.talker, "cpu", dtype, args.linear, args.quantization, buckets
+    )
+    weights = frame_weight_bytes(model.talker)
+    bandwidth = read_bandwidth_gbs()
+    floor_ms = 1000 * weights / (bandwidth * 1e9)
+    print(f"{cpu_model()}; linear kernels: {kernels}")
+    if table is not None:
+        print(table.describe())
+    print(
+        f"weights per frame {weights / 1e9:.2f} GB, read bandwidth {bandwidth:.1f} GB/s: floor {floor_ms:.1f} ms/frame"
+    )
     print(
         f"built random {args.size} talker ({sum(t.numel() for t in model.talker.state_dict().values()) / 1e6:.0f} M "
         f"params) in {time.perf_counter() - t0:.1f} s; threads={args.threads} dtype={args.dtype} linear={args.linear}"
     )
     results: dict = {
         "size": args.size,
-        "dtype": args.dtype,
+        "cpu_model": cpu_model(),
+        "dtype": dtype_name,
+        "dtype_flag": args.dtype,
+        "quantization": args.quantization,
+        "kernels": kernels,
+        "kernel_table": None if table is None else table.as_dict(),
+        "frame_weight_bytes": weights,
+        "read_bandwidth_gbs": round(bandwidth, 1),
+        "floor_ms_per_frame": round(floor_ms, 1),
         "threads": args.threads,
         "frames": args.frames,
         "repeat": args.repeat,
@@ -194,15 +246,19 @@ def main() -> None:
         ),
         key=lambda r: r["ms_per_frame"],
     )
+    off["vs_floor"] = round(off["ms_per_frame"] / floor_ms, 2)
     results["offline_batch1"] = off
-    print(f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s)")
+    print(
+        f"offline batch-1: {off['ms_per_frame']:.1f} ms/frame ({off['frames_per_s']:.2f} frames/s), "
+        f"{off['vs_floor']:.2f}x the floor"
+    )
     results["engine"] = []
     print(
         f"{'N':>3} {'agg frames/s (all)':>19} {'steady agg frames/s':>20} {'x offline b1':>13} "
         f"{'per-req frames/s':>17} {'TTFF new (ms)':>14}"
     )
     base = off["frames_per_s"]
-    for n in [int(x) for x in args.concurrency.split(",")]:
+    for n in concurrency:
         r = max(
             (bench_engine(model, n, args.frames, args.prefill_len, args.linear) for _ in range(args.repeat)),
             key=lambda r: r["steady_state_aggregate_frames_per_s"],

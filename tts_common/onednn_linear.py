@@ -38,6 +38,20 @@ def onednn_linear_available() -> bool:
     return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
 
 
+def packed_linear(
+    x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, in_features: int, out_features: int
+) -> torch.Tensor:
+    """``x @ W.T + bias`` with a weight packed by ``_reorder_linear_weight``; batch-invariant."""
+    if x.numel() == in_features:
+        # A single row: run it as two identical rows so it takes the multi-row kernel (see the
+        # module docstring); the duplicate costs next to nothing at one row, where the layer is
+        # bound by reading the weight.
+        pair = x.reshape(1, in_features).expand(2, in_features)
+        out = torch.ops.mkldnn._linear_pointwise(pair, weight, bias, "none", [], "")
+        return out[:1].reshape(*x.shape[:-1], out_features)
+    return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
+
+
 class OneDnnLinear(nn.Module):
     """Inference-only replacement of a CPU float32 ``nn.Linear`` with a pre-packed weight.
 
@@ -55,14 +69,7 @@ class OneDnnLinear(nn.Module):
         self.register_buffer("bias", None if linear.bias is None else linear.bias.detach().contiguous())
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if x.numel() == self.in_features:
-            # A single row: run it as two identical rows so it takes the multi-row kernel (see
-            # the module docstring); the duplicate costs next to nothing at one row, where the
-            # layer is bound by reading the weight.
-            pair = x.reshape(1, self.in_features).expand(2, self.in_features)
-            out = torch.ops.mkldnn._linear_pointwise(pair, self.weight, self.bias, "none", [], "")
-            return out[:1].reshape(*x.shape[:-1], self.out_features)
-        return torch.ops.mkldnn._linear_pointwise(x, self.weight, self.bias, "none", [], "")
+        return packed_linear(x, self.weight, self.bias, self.in_features, self.out_features)
 
     def extra_repr(self) -> str:
         return (

@@ -1,35 +1,37 @@
-"""Which dtype a model stage runs in (``--dtype``) and which CPU linear kernels the talker uses
-(``--linear``), chosen from what the machine multiplies fast.
+"""Which dtype a model stage runs in (``--dtype``), which CPU linear kernels the talker uses
+(``--linear``) and whether its weights are quantized (``--quantization``).
 
-``--dtype auto``: bfloat16 where the hardware multiplies bfloat16 natively, float32 elsewhere.
+``--dtype auto``:
 
 * CUDA: bfloat16 when the device supports it (``torch.cuda.is_bf16_supported``: Ampere and
-  later).
-* CPU: bfloat16 when the CPU has bfloat16 dot-product instructions: x86 ``avx512_bf16`` or
-  ``amx_bf16``, Arm ``bf16`` (``/proc/cpuinfo`` flags; torch's ``get_cpu_capability`` names the
-  vector width only). Without them torch emulates bfloat16 by converting to float32 around every
-  kernel: half the weight bytes but more work per byte, so the gain is not assured, while float32
-  is exact.
+  later), else float32.
+* CPU: by measurement, never by CPU flags alone
+  (:func:`tts_common.kernels.choice.measured_cpu_dtype`): bfloat16 where the linears of a
+  decode frame, with the fastest kernels of each dtype, run faster in bfloat16 than in float32
+  at one row and at eight; float32 elsewhere. The timings are cached per CPU model and torch
+  version, so only the first start of a machine measures.
 
 float32 keeps token parity with the official implementation. bfloat16 rounds the talker's
 weights and activations, so its codes are not the official float32 ones (the same model at a
 lower precision, not a bit-exact reproduction), and changes the decoder's audio within the
 tolerance stated in ``decoder_service/model/loading.py``.
 
-``--linear auto`` (talker on CPU in float32): pre-packed oneDNN linears
-(:mod:`tts_common.onednn_linear`) or torch's. oneDNN wins at every batch on AVX2/AVX-512 CPUs
-without AMX (the dev EPYC: ~2x at 1 row, ~2.8x at 16); on CPUs with AMX, torch's linears win at
-one stream (376 vs 315 ms per frame on a Xeon) and oneDNN from about 8 streams (25.9 vs 18.4
-frames/s at 16). The kernel cannot change with each step's batch (a request's codes must not
-depend on its batch), so ``auto`` picks by the machine and the engine's slot count: oneDNN unless
-the CPU has AMX and the engine runs fewer than :data:`AMX_ONEDNN_MIN_SLOTS` slots.
+``--linear`` (talker on CPU): ``auto`` times every candidate kernel of the model's dtype on each
+of its linear shapes at each batch bucket and keeps the fastest per shape
+(:mod:`tts_common.kernels.choice`); ``onednn``, ``gemv`` (ours) or ``torch`` force one (``torch``
+leaves torch's ``nn.Linear``, the reference numerics).
+
+``--quantization int8`` (talker on CPU, opt-in): weight-only int8 with per-output-channel scales
+for the talker and the code predictor (:mod:`tts_common.kernels.candidates`); activations stay in
+float32. Its codes are not the float32 ones; the audio difference is reported by
+``tests/unit/talker/test_quantization.py``.
 """
 
 from __future__ import annotations
 
-import functools
-from pathlib import Path
 from typing import TYPE_CHECKING
+
+from .cpu_info import cpu_flags, cpu_has_native_bf16, cpu_model
 
 if TYPE_CHECKING:  # torch is imported where needed: the CLI builds its parser without it
     import torch
@@ -38,53 +40,15 @@ DTYPES = ("float32", "bfloat16", "float16")
 """The concrete dtypes a stage can run in."""
 DTYPE_CHOICES = ("auto", *DTYPES)
 """Values of ``--dtype``."""
-LINEAR_CHOICES = ("auto", "onednn", "torch")
+LINEAR_CHOICES = ("auto", "onednn", "gemv", "torch")
 """Values of the talker's ``--linear``."""
-AMX_ONEDNN_MIN_SLOTS = 8
-"""On an AMX CPU, the engine slot count from which the packed oneDNN linears are chosen."""
+QUANTIZATION_CHOICES = ("none", "int8")
+"""Values of the talker's ``--quantization``."""
 
 
-@functools.cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU feature flags of the first processor in ``cpuinfo`` (x86 ``flags``, Arm
-    ``Features``); empty when unreadable."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name (``"unknown"`` when unreadable)."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "cpu model"):
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
-def cpu_has_native_bf16(flags: frozenset[str] | None = None) -> bool:
-    """Whether the CPU multiplies bfloat16 natively (see the module docstring)."""
-    flags = cpu_flags() if flags is None else flags
-    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
-
-
-def cpu_has_amx(flags: frozenset[str] | None = None) -> bool:
-    """Whether the CPU has AMX tile matrix units."""
-    flags = cpu_flags() if flags is None else flags
-    return bool(flags & {"amx_bf16", "amx_tile", "amx_int8"})
-
-
-def resolve_dtype(name: str, device: str | torch.device, *, flags: frozenset[str] | None = None) -> str:
-    """The concrete dtype name of ``--dtype name`` on ``device`` (``auto`` resolved)."""
+def resolve_dtype(name: str, device: str | torch.device) -> str:
+    """The concrete dtype name of ``--dtype name`` on ``device`` (``auto`` resolved; on CPU by
+    measurement, see the module docstring)."""
     if name in DTYPES:
         return name
     if name != "auto":
@@ -95,40 +59,19 @@ def resolve_dtype(name: str, device: str | torch.device, *, flags: frozenset[str
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     if device.type == "cpu":
-        return "bfloat16" if cpu_has_native_bf16(flags) else "float32"
+        from .kernels.choice import measured_cpu_dtype
+
+        return measured_cpu_dtype()
     return "float32"
 
 
-def use_onednn_linears_for(
-    choice: str,
-    device: str | torch.device,
-    dtype: torch.dtype,
-    slots: int,
-    *,
-    flags: frozenset[str] | None = None,
-) -> bool:
-    """Whether the talker runs its linears as pre-packed oneDNN ones (``--linear choice``; see
-    the module docstring). Only CPU float32 models can; elsewhere always False."""
-    if choice not in LINEAR_CHOICES:
-        raise ValueError(f"unknown linear kernels {choice!r} (choose from {', '.join(LINEAR_CHOICES)})")
-    import torch
-
-    if torch.device(device).type != "cpu" or dtype != torch.float32 or choice == "torch":
-        return False
-    if choice == "onednn":
-        return True
-    return not cpu_has_amx(flags) or slots >= AMX_ONEDNN_MIN_SLOTS
-
-
 __all__ = [
-    "AMX_ONEDNN_MIN_SLOTS",
     "DTYPES",
     "DTYPE_CHOICES",
     "LINEAR_CHOICES",
+    "QUANTIZATION_CHOICES",
     "cpu_flags",
-    "cpu_has_amx",
     "cpu_has_native_bf16",
     "cpu_model",
     "resolve_dtype",
-    "use_onednn_linears_for",
 ]

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from tts_common.flags import NOT_A_FLAG, flag, positive_int
 from tts_common.memory import MemoryBudget, parse_memory_budget, parse_size
-from tts_common.precision import LINEAR_CHOICES
+from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES
 from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.synthesis import DEFAULT_SLOT_POSITIONS, RUNAWAY_GUARD, RunawayGuard
 
@@ -61,8 +61,11 @@ class EngineConfig:
     talker holds after loading, whichever stage loads first; elsewhere of the available memory
     less this share."""
     linear: str = field(default="auto", metadata=flag(choices=LINEAR_CHOICES))
-    """CPU float32 linear kernels: onednn (pre-packed), torch, or auto = oneDNN unless the CPU has
-    AMX and fewer than 8 slots run (tts_common/precision.py)."""
+    """CPU linear kernels: auto = the fastest per layer shape, measured at load over the batch
+    buckets and cached per CPU model; onednn (pre-packed), gemv (ours), torch (tts_common/precision.py)."""
+    quantization: str = field(default="none", metadata=flag(choices=QUANTIZATION_CHOICES))
+    """CPU only: int8 = weight-only int8 (per-output-channel scales) for the talker and the code
+    predictor; codes differ from float32 (tts_common/precision.py)."""
     device: str = field(default="cpu", metadata=NOT_A_FLAG)
     dtype: str = field(default="float32", metadata=NOT_A_FLAG)
 

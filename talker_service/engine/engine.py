@@ -35,8 +35,7 @@ import torch
 
 from tts_common.compute_thread import adopt_torch_threads
 from tts_common.errors import CapacityError, UnavailableError
-from tts_common.onednn_linear import use_onednn_linears
-from tts_common.precision import use_onednn_linears_for
+from tts_common.kernels.choice import set_up_linears
 from tts_common.synthesis import SamplingParams, frame_budget
 
 from ..model import unicode_boundaries
@@ -486,10 +485,11 @@ def _set_up(model: TalkerModel, config: EngineConfig) -> EngineConfig:
     of open texts. Returns ``config`` with ``max_slots`` set to the planned slots."""
     plan = plan_kv_cache(model.talker.cfg, config, model.dtype)
     logger.info("%s", plan.describe())
-    packed = use_onednn_linears_for(config.linear, model.device, model.dtype, plan.slots)
-    if packed:
-        use_onednn_linears(model.talker)
-    logger.info("linear kernels: %s (--linear %s)", "oneDNN packed" if packed else "torch", config.linear)
+    buckets = dataclasses.replace(config, max_slots=plan.slots).graph_buckets
+    kernels, _ = set_up_linears(
+        model.talker, model.device, model.dtype, config.linear, config.quantization, buckets
+    )
+    logger.info("linear kernels: %s", kernels)
     # Built lazily otherwise, on the engine thread at the first open text (~0.5 s stall).
     unicode_boundaries.warm()
     return dataclasses.replace(config, max_slots=plan.slots)

@@ -52,6 +52,18 @@ class AttentionSpec:
     in_place: InPlaceAttention | None = None
 
 
+def _write_rows(buf: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> None:
+    """``buf[slots[b], :, positions[b, s]] = new[b, :, s]`` for a contiguous ``buf`` [slots, kv,
+    max_len, hd], as one ``index_copy_`` over its rows of ``hd`` values: the same copy as the
+    advanced-indexing assignment, which on CPU costs 5-7x more per call (~100 vs ~20 us for a
+    decode step's [8, 8, 1, 128] bf16 write on the dev EPYC; two calls per layer, 206 per frame
+    at the released 0.6B dimensions)."""
+    _, kv, max_len, hd = buf.shape
+    heads = torch.arange(kv, device=buf.device)
+    index = (slots[:, None, None] * kv + heads[None, :, None]) * max_len + positions[:, None, :]
+    buf.view(-1, hd).index_copy_(0, index.reshape(-1), new.reshape(-1, hd))
+
+
 def write_and_read_kv(
     k_buf: torch.Tensor, v_buf: torch.Tensor, k: torch.Tensor, v: torch.Tensor, spec: AttentionSpec
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -59,21 +71,17 @@ def write_and_read_kv(
 
     Returns keys/values [B, kv, attend_len, hd] (views when the slot mapping allows it).
     """
-    b, s = spec.positions.shape
+    b, _ = spec.positions.shape
     n = spec.attend_len
     slots = spec.slots
     if isinstance(slots, int) or slots is None:
-        if isinstance(slots, int):
-            kb, vb = k_buf[slots : slots + 1], v_buf[slots : slots + 1]
-        else:
-            kb, vb = k_buf[:b], v_buf[:b]
-        rows = torch.arange(b, device=k.device)[:, None].expand(b, s)
-        kb[rows, :, spec.positions] = k.transpose(1, 2)
-        vb[rows, :, spec.positions] = v.transpose(1, 2)
-        return kb[:, :, :n], vb[:, :, :n]
-    rows = slots[:, None].expand(b, s)
-    k_buf[rows, :, spec.positions] = k.transpose(1, 2)
-    v_buf[rows, :, spec.positions] = v.transpose(1, 2)
+        first = 0 if slots is None else slots
+        rows = torch.arange(first, first + b, device=k.device)
+        _write_rows(k_buf, rows, spec.positions, k)
+        _write_rows(v_buf, rows, spec.positions, v)
+        return k_buf[first : first + b, :, :n], v_buf[first : first + b, :, :n]
+    _write_rows(k_buf, slots, spec.positions, k)
+    _write_rows(v_buf, slots, spec.positions, v)
     return k_buf[slots, :, :n], v_buf[slots, :, :n]
 
 

@@ -89,6 +89,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--kv-memory": MemoryBudget(fraction=0.5),
         "--other-stages-memory": 0,
         "--linear": "auto",
+        "--quantization": "none",
     },
     "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto"},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
@@ -147,6 +148,7 @@ def test_environment_variables(stage: str) -> None:
         "--kv-memory": "7GiB",
         "--other-stages-memory": "3GiB",
         "--linear": "torch",
+        "--quantization": "int8",
     }
     for option, action in _options(flags.parser({})).items():
         key = option.removeprefix("--").replace("-", "_").upper()

@@ -22,7 +22,9 @@ from talker_service.model.sampling import SamplingTensors
 from talker_service.model.step import DecodeState, decode_step, prefill
 from tests.helpers.fixtures import fixture_prompt_inputs
 from tests.helpers.talker import generate
-from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available, use_onednn_linears
+from tts_common.kernels.candidates import KernelLinear
+from tts_common.kernels.choice import set_up_linears
+from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
 from tts_common.synthesis import SamplingParams
 
 FIXTURES = Path(__file__).resolve().parents[2] / "fixtures"
@@ -138,16 +140,21 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
 
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="torch built without oneDNN")
-def test_decode_step_is_batch_invariant_to_the_bit() -> None:
-    """Rows at the same position get the same bits alone and batched (default CPU float32 path).
+@pytest.mark.parametrize(
+    ("dtype", "quantization"), [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")]
+)
+def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str) -> None:
+    """Rows at the same position get the same bits alone and batched, with the kernels an engine
+    chooses on CPU (``--linear auto``) for each dtype and quantization.
 
-    The linears and the code predictor are batch-invariant (tts_common.onednn_linear). A row
-    shorter than the batch's longest reads its keys through a longer masked window, which sums in
-    another order (last-bit differences): the code tests above check its tokens instead.
+    The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
+    than the batch's longest reads its keys through a longer masked window, which sums in another
+    order (last-bit differences): the code tests above check its tokens instead.
     """
-    m = model_for("tiny_voice_design")
-    use_onednn_linears(m.talker)  # what an engine chooses on CPU float32 unless told otherwise
-    assert any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
+    m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / "tiny_voice_design", dtype=getattr(torch, dtype))
+    set_up_linears(m.talker, m.device, m.dtype, "auto", quantization, (1, 2))
+    assert all(type(mod) is not torch.nn.Linear for mod in m.talker.modules())
+    assert any(isinstance(mod, KernelLinear) for mod in m.talker.modules())
     cases = _cases("tiny_voice_design")
     prompts = [m.build_prompt(cases[i].request()) for i in (0, 2)]
     assert prompts[0].prefill_len == prompts[1].prefill_len

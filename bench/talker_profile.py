@@ -1,0 +1,99 @@
+"""Where a CPU decode step's time goes: one talker decode step (talker + code predictor +
+sampling) at a batch of ``--batch`` rows under torch's profiler, with the engine's kernels
+(``--linear auto``, ``--quantization``), on a checkpoint (e.g. a random one at the released
+dimensions written by ``bench/cpu_serving.py --size 0b6``). Prints the ops by self CPU time, the
+share of the linears, and the step's wall time at 1 row and at ``--batch`` (steps after a
+warm-up; the cache is filled with a prompt of ``--prompt`` random positions per row).
+
+    python bench/talker_profile.py --model .bench-cpu-serving/random_0b6 --dtype bfloat16 --batch 8
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from talker_service.model.loader import TalkerModel
+from talker_service.model.sampling import SamplingTensors
+from talker_service.model.step import DecodeState, decode_step, prefill
+from tts_common.cpu_info import cpu_model
+from tts_common.kernels.choice import set_up_linears
+from tts_common.synthesis import SamplingParams
+
+
+def step_runner(model: TalkerModel, batch: int, prompt: int, steps: int):  # type: ignore[no-untyped-def]
+    """A closure running ``steps`` greedy decode steps over ``batch`` rows (prefilled once;
+    up to 32 calls)."""
+    h = model.config.model.talker.hidden_size
+    g = torch.Generator().manual_seed(0)
+    cache = model.allocate_cache(batch, prompt + 32 * steps + 8)  # room for 32 runs
+    params = SamplingTensors.stack([SamplingParams.greedy()], model.device)
+    with torch.inference_mode():
+        states = [
+            prefill(
+                model.talker,
+                cache,
+                slot,
+                (torch.randn(prompt, h, generator=g) * 0.02).to(model.dtype),
+                params,
+            )
+            for slot in range(batch)
+        ]
+    state = DecodeState.cat(states)
+    state.slots = None
+    trailing = torch.zeros(batch, h, dtype=model.dtype)
+
+    def run() -> None:
+        for _ in range(steps):
+            decode_step(model.talker, cache, state, trailing, int(state.positions.max()) + 1)
+
+    return run
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
+    ap.add_argument("--quantization", default="none", choices=["none", "int8"])
+    ap.add_argument("--linear", default="auto")
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--prompt", type=int, default=32)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    opts = ap.parse_args()
+    model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, opts.dtype))
+    kernels, _ = set_up_linears(
+        model.talker, "cpu", model.dtype, opts.linear, opts.quantization, sorted({1, opts.batch})
+    )
+    print(f"{cpu_model()}, {torch.get_num_threads()} threads; {kernels}")
+    walls = {}
+    for batch in sorted({1, opts.batch}):
+        run = step_runner(model, batch, opts.prompt, opts.steps)
+        run()  # warm-up
+        t0 = time.perf_counter()
+        run()
+        walls[batch] = (time.perf_counter() - t0) / opts.steps
+        print(f"batch {batch}: {1000 * walls[batch]:.1f} ms per step, {batch / walls[batch]:.2f} frames/s")
+    print(f"b{opts.batch}/b1 frames/s: {opts.batch * walls[1] / walls[opts.batch]:.2f}")
+    run = step_runner(model, opts.batch, opts.prompt, opts.steps)
+    run()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        run()
+    events = prof.key_averages()
+    total = sum(e.self_cpu_time_total for e in events)
+    print(events.table(sort_by="self_cpu_time_total", row_limit=opts.top))
+    kernels_us = sum(
+        e.self_cpu_time_total
+        for e in events
+        if e.key.startswith(("mkldnn::", "aten::linear", "aten::addmm", "aten::mm", "aten::_weight_int8pack"))
+    )
+    print(
+        f"library linear ops: {100 * kernels_us / max(total, 1):.0f}% of self CPU time (our GEMV runs outside the profiler's ops: see the rest)"
+    )
+
+
+if __name__ == "__main__":
+    main()

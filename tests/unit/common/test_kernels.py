@@ -1,0 +1,158 @@
+"""The CPU linear kernels (tts_common.kernels): every candidate close to nn.Linear at its
+precision and batch-invariant to the bit; our GEMV equal to its torch reference within float32
+rounding; the choice kept per shape, cached, and one kernel for every bucket."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from torch import nn
+
+from tts_common.kernels import choice
+from tts_common.kernels.cache import CACHE_ENV
+from tts_common.kernels.candidates import (
+    CANDIDATES,
+    FAMILIES,
+    NOT_BATCH_INVARIANT,
+    candidate_available,
+    make_candidate,
+    quantize_int8,
+)
+from tts_common.kernels.gemv import gemv, gemv_available, gemv_reference
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "int8": 2e-2}
+"""Relative tolerance against float32 nn.Linear, by the kernel's precision."""
+
+
+@pytest.fixture(autouse=True)
+def kernel_cache(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    return tmp_path
+
+
+def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
+    torch.manual_seed(seed)
+    return nn.Linear(fan_in, fan_out, bias=bias)
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 11),
+    fan_in=st.integers(1, 300),
+    fan_out=st.integers(1, 40),
+    int8=st.booleans(),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemv_equals_its_torch_reference(
+    rows: int, fan_in: int, fan_out: int, int8: bool, bias: bool, seed: int
+) -> None:
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, fan_in, generator=g)
+    w = torch.randn(fan_out, fan_in, generator=g)
+    weight, scale = quantize_int8(w) if int8 else (w.bfloat16(), None)
+    b = torch.randn(fan_out, generator=g) if bias else None
+    got, want = gemv(x, weight, scale, b), gemv_reference(x, weight, scale, b)
+    # float32 sums of the same exact products in another order: error ~ eps * sum |x w|.
+    bound = (
+        1e-5 * (x.float().abs() @ (weight.float().abs() * (1 if scale is None else scale[:, None])).T) + 1e-6
+    )
+    assert (got - want).abs().le(bound).all()
+
+
+@pytest.mark.parametrize("kernel", AVAILABLE)
+@settings(max_examples=8, deadline=None)
+@given(fan_in=st.integers(1, 200), fan_out=st.integers(1, 70), bias=st.booleans(), seed=st.integers(0, 999))
+def test_candidate_is_close_to_nn_linear_and_batch_invariant(
+    kernel: str, fan_in: int, fan_out: int, bias: bool, seed: int
+) -> None:
+    linear = _linear(fan_in, fan_out, bias, seed)
+    layer = make_candidate(kernel, linear)
+    assert layer is not None
+    x = torch.randn(19, fan_in).to(layer.input_dtype)
+    with torch.inference_mode():
+        full = layer(x)
+        want = linear(x.float())
+        tol = TOLERANCE[kernel.rsplit("-", 1)[1]]
+        scale = float(x.float().abs().sum(-1).max() * linear.weight.abs().max())
+        torch.testing.assert_close(full.float(), want, rtol=tol, atol=tol * scale)
+        if kernel in NOT_BATCH_INVARIANT:
+            return
+        for rows in (1, 2, 3, 4, 5, 8, 16, 17):
+            assert torch.equal(layer(x[:rows]), full[:rows]), rows
+        for i in (0, 6, 18):
+            assert torch.equal(layer(x[i]), full[i]), i
+        assert torch.equal(layer(x[:18].view(6, 3, fan_in)).reshape(18, fan_out), full[:18])
+
+
+@settings(max_examples=30, deadline=None)
+@given(fan_in=st.integers(1, 64), fan_out=st.integers(1, 16), seed=st.integers(0, 999))
+def test_int8_quantization_is_within_half_a_step_per_channel(fan_in: int, fan_out: int, seed: int) -> None:
+    w = torch.randn(fan_out, fan_in, generator=torch.Generator().manual_seed(seed))
+    w[0] = 0.0  # an all-zero channel keeps a usable scale
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127 and (scale > 0).all()
+    assert ((q.float() * scale[:, None] - w).abs() <= scale[:, None] / 2 + 1e-7).all()
+
+
+@given(
+    st.dictionaries(
+        st.sampled_from(["a", "b", "c"]),
+        st.tuples(st.floats(1e-6, 1.0), st.floats(1e-6, 1.0), st.floats(1e-6, 1.0)),
+        min_size=1,
+    )
+)
+def test_one_kernel_per_shape_least_slow_over_the_buckets(
+    times: dict[str, tuple[float, float, float]],
+) -> None:
+    buckets = (1, 4, 16)
+    shape = (8, 8, False)
+    table = choice.KernelTable(
+        "float32", buckets, {shape: {k: dict(zip(buckets, t)) for k, t in times.items()}}
+    )
+    times = times | {"torch-fp32": (1e-9, 1e-9, 1e-9)}  # fastest everywhere, but not batch-invariant
+    table.seconds[shape]["torch-fp32"] = dict(zip(buckets, times["torch-fp32"]))
+    table.choose()
+    eligible = {k: t for k, t in times.items() if k not in NOT_BATCH_INVARIANT}
+    best = [min(t[i] for t in eligible.values()) for i in range(3)]
+
+    def cost(k: str) -> float:
+        return sum(times[k][i] / best[i] for i in range(3))
+
+    assert cost(table.chosen[shape]) == min(cost(k) for k in eligible)
+
+
+def test_measured_table_is_cached_and_not_measured_again(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    shapes = {(32, 48, False), (48, 32, True)}
+    first = choice.measure_kernels(shapes, "float32", (1, 2))
+    assert set(first.chosen) == shapes and all(k in FAMILIES["float32"] for k in first.chosen.values())
+    cached = json.loads(choice.table_path().read_text())
+    assert choice.table_path().parent == kernel_cache and cached
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: pytest.fail("measured again"))
+    again = choice.measure_kernels(shapes, "float32", (1, 2))
+    assert again.seconds == first.seconds and again.chosen == first.chosen
+    assert "*" in again.describe()
+
+
+def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> None:
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
+    x = torch.randn(3, 16)
+    want = model(x)
+    described, table = choice.set_up_linears(model, "cpu", torch.float32, "auto", "int8", (1, 2))
+    assert table is not None and table.family == "int8" and described.startswith("int8")
+    assert all(type(m) is not nn.Linear for m in model.modules())
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), want, rtol=0.05, atol=0.05 * float(want.abs().max()))
+    with pytest.raises(ValueError, match="CPU only"):
+        choice.set_up_linears(nn.Linear(4, 4), "cuda", torch.float32, "auto", "int8", (1,))
+    with pytest.raises(ValueError, match="no float32 kernel"):
+        choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "gemv", "none", (1,))
+    plain = nn.Linear(4, 4)
+    assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")

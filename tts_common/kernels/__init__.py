@@ -1,0 +1,1 @@
+"""CPU kernels for the decode step and their choice by measurement (issue 30)."""

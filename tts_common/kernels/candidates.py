@@ -1,0 +1,219 @@
+"""The CPU linear kernels a decode step can run, one ``nn.Module`` each, built from an
+``nn.Linear``; the kernel choice (:mod:`.choice`) times them and keeps one per layer shape.
+
+Families: the candidates of a family compute the same layer at the same precision, so choosing
+among them changes only the summation order (last bits), never the model:
+
+* ``float32``: ``torch-fp32`` (``F.linear``: MKL) and ``onednn-fp32`` (pre-packed oneDNN);
+* ``bfloat16``: ``torch-bf16``, ``onednn-bf16``, ``gemv-bf16`` (ours, :mod:`.gemv`: float32
+  FMAs) and ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product);
+* ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
+  int8``): ``torch-int8`` (``torch._weight_int8pack_mm``) and ``gemv-int8`` (ours).
+
+A kept kernel must be batch-invariant: a row's result never depends on the other rows of its
+batch (library kernels that take a separate path for a lone row run it as two rows, as
+:class:`~tts_common.onednn_linear.OneDnnLinear` does). ``torch-fp32`` is not, even so (MKL's
+sgemm splits its work by the row count: other bits at 1..5 rows than at 19 on the dev EPYC), so
+it is timed for the table, as the reference, but never kept (:data:`NOT_BATCH_INVARIANT`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
+
+from .gemv import bf16_dot_available, gemv, gemv_available
+
+FAMILIES: dict[str, tuple[str, ...]] = {
+    "float32": ("torch-fp32", "onednn-fp32"),
+    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp"),
+    "int8": ("torch-int8", "gemv-int8"),
+}
+"""Candidate kernels of each family, the library default first."""
+NOT_BATCH_INVARIANT = frozenset({"torch-fp32"})
+"""Kernels whose rows depend on their batch: measured, never chosen."""
+CANDIDATES = tuple(name for names in FAMILIES.values() for name in names)
+FAMILY_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
+"""The activation (model) dtype of each family."""
+
+
+def quantize_int8(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric per-output-channel int8 of a [N, K] weight: ``(q, scale)`` with
+    ``q = round(w / scale)`` in [-127, 127] and ``scale = max|w_row| / 127`` (float32; 1 for an
+    all-zero row), so ``q * scale[:, None]`` approximates ``w`` within half a step per channel."""
+    w = weight.detach().float()
+    scale = w.abs().amax(dim=1) / 127.0
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return q.contiguous(), scale.contiguous()
+
+
+def _as_rows(x: torch.Tensor, fan_in: int) -> torch.Tensor:
+    return x.reshape(-1, fan_in)
+
+
+class KernelLinear(nn.Module):
+    """Base of the candidates: ``forward(x [..., in]) -> [..., out]`` in :attr:`input_dtype`."""
+
+    kernel = ""
+    input_dtype = torch.float32
+
+    def __init__(self, linear: nn.Linear) -> None:
+        super().__init__()
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+
+    def weight_bytes(self) -> int:
+        """Bytes of weights (and scales) one call reads."""
+        return sum(t.numel() * t.element_size() for t in self.buffers())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        # A kernel of another precision than the model's (int8 with float32 activations in a
+        # bfloat16 model) converts at its edges.
+        y = self.rows(_as_rows(x, self.in_features).to(self.input_dtype))
+        return y.to(x.dtype).reshape(*x.shape[:-1], self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, kernel={self.kernel}"
+
+
+class TorchLinear(KernelLinear):
+    """``F.linear`` in the family's dtype; a lone row runs as two (MKL's GEMV path for one row
+    sums in another order than its GEMM)."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__(linear)
+        self.input_dtype = dtype
+        self.kernel = "torch-fp32" if dtype == torch.float32 else "torch-bf16"
+        self.register_buffer("weight", linear.weight.detach().to(dtype).contiguous())
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).contiguous())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            return F.linear(x.expand(2, -1), self.weight, self.bias)[:1]
+        return F.linear(x, self.weight, self.bias)
+
+
+class TorchInt8Linear(KernelLinear):
+    """``torch._weight_int8pack_mm`` (weight-only int8, float32 activations) plus the bias."""
+
+    kernel = "torch-int8"
+
+    def __init__(self, linear: nn.Linear, quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        super().__init__(linear)
+        q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale)
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[0] == 1:
+            y = torch._weight_int8pack_mm(x.expand(2, -1).contiguous(), self.weight, self.scale)[:1]
+        else:
+            y = torch._weight_int8pack_mm(x.contiguous(), self.weight, self.scale)
+        return y if self.bias is None else y + self.bias
+
+
+class GemvLinear(KernelLinear):
+    """Our AVX-512 kernel (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights; bf16
+    activations are widened to float32 and the result rounded back, as torch's bf16 GEMM does."""
+
+    def __init__(
+        self,
+        linear: nn.Linear,
+        weight_dtype: torch.dtype,
+        quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
+        bf16_dot: bool = False,
+    ) -> None:
+        super().__init__(linear)
+        self.bf16_dot = bf16_dot
+        if weight_dtype == torch.int8:
+            self.kernel, self.input_dtype = "gemv-int8", torch.float32
+            q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
+            self.register_buffer("weight", q)
+            self.register_buffer("scale", scale)
+        else:
+            self.kernel, self.input_dtype = ("gemv-bf16dp" if bf16_dot else "gemv-bf16"), torch.bfloat16
+            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
+            self.register_buffer("scale", None)
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        y = gemv(x if self.bf16_dot else x.float(), self.weight, self.scale, self.bias)
+        return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
+
+
+class PackedLinear(KernelLinear):
+    """Pre-packed oneDNN (:class:`~tts_common.onednn_linear.OneDnnLinear`) in the family's dtype."""
+
+    def __init__(self, linear: nn.Linear, dtype: torch.dtype) -> None:
+        super().__init__(linear)
+        self.input_dtype = dtype
+        self.kernel = "onednn-fp32" if dtype == torch.float32 else "onednn-bf16"
+        weight = linear.weight.detach().to(dtype)
+        self.register_buffer("weight", torch.ops.mkldnn._reorder_linear_weight(weight, ROW_HINT))
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().to(dtype).contiguous())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return packed_linear(x, self.weight, self.bias, self.in_features, self.out_features)
+
+
+def candidate_available(name: str) -> bool:
+    """Whether kernel ``name`` runs on this machine and torch build."""
+    if name.startswith("onednn"):
+        return onednn_linear_available()
+    if name == "gemv-bf16dp":
+        return bf16_dot_available()
+    if name.startswith("gemv"):
+        return gemv_available()
+    if name == "torch-int8":
+        return hasattr(torch, "_weight_int8pack_mm")
+    return name in CANDIDATES
+
+
+def make_candidate(
+    name: str, linear: nn.Linear, quantized: tuple[torch.Tensor, torch.Tensor] | None = None
+) -> KernelLinear | None:
+    """Kernel ``name`` computing ``linear`` (None where it is not available). ``quantized``: the
+    layer's int8 weight and scales when already computed (int8 family)."""
+    if not candidate_available(name):
+        return None
+    if name == "torch-fp32":
+        return TorchLinear(linear, torch.float32)
+    if name == "torch-bf16":
+        return TorchLinear(linear, torch.bfloat16)
+    if name == "onednn-fp32":
+        return PackedLinear(linear, torch.float32)
+    if name == "onednn-bf16":
+        return PackedLinear(linear, torch.bfloat16)
+    if name == "torch-int8":
+        return TorchInt8Linear(linear, quantized)
+    if name == "gemv-int8":
+        return GemvLinear(linear, torch.int8, quantized)
+    if name == "gemv-bf16":
+        return GemvLinear(linear, torch.bfloat16)
+    if name == "gemv-bf16dp":
+        return GemvLinear(linear, torch.bfloat16, bf16_dot=True)
+    raise ValueError(f"unknown kernel {name!r} (choose from {', '.join(CANDIDATES)})")
+
+
+__all__ = [
+    "CANDIDATES",
+    "FAMILIES",
+    "FAMILY_DTYPE",
+    "KernelLinear",
+    "NOT_BATCH_INVARIANT",
+    "candidate_available",
+    "make_candidate",
+    "quantize_int8",
+]

@@ -1,0 +1,351 @@
+"""Choosing the CPU linear kernels by measuring them (``--linear auto``), and ``--dtype auto``
+on CPU from the same measurements.
+
+At load, every candidate of the model's family (:mod:`.candidates`) is timed on every linear
+shape of the model at every batch bucket the engine runs, over enough distinct random weights
+that none stays in a cache (as in a decode step, which streams each weight once). The table is
+logged and kept in a JSON file per CPU model and torch version under
+:func:`~tts_common.kernels.cache.cache_dir`, so a restart does not measure again (only shapes,
+buckets or thread counts not yet in the file are measured).
+
+One kernel per shape, for every bucket: a request's codes must not depend on the batch it lands
+in, and two kernels sum in different orders (for the same reason a kernel that is not itself
+batch-invariant, torch's float32 ``F.linear``, is timed as the reference but never kept). The kernel kept for a shape is the one whose time,
+relative to the fastest candidate at each bucket, summed over the buckets, is least (each bucket
+counts the same: a kernel twice as slow at one bucket loses as much as it would at another).
+
+``--dtype auto`` on CPU (:func:`measured_cpu_dtype`): the per-frame time of the linears of a
+released 0.6B frame (the talker once, the code predictor 15 times) with each family's chosen
+kernels, at one row and at eight; bfloat16 only where it is faster at both, so ``auto`` is never
+slower than float32 at either.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from tts_common.cpu_info import cpu_model
+
+from .cache import cache_dir
+from .candidates import (
+    FAMILIES,
+    FAMILY_DTYPE,
+    NOT_BATCH_INVARIANT,
+    KernelLinear,
+    make_candidate,
+    quantize_int8,
+)
+
+logger = logging.getLogger(__name__)
+
+Shape = tuple[int, int, bool]
+"""(in_features, out_features, has_bias) of a linear layer."""
+STREAM_BYTES = 96 * 2**20
+"""Weight bytes (in float32) timed per (shape, kernel): several times a server CPU's L3."""
+MAX_COPIES = 48
+REPEAT = 5
+
+
+def shape_key(shape: Shape) -> str:
+    return f"{shape[0]}x{shape[1]}{'+b' if shape[2] else ''}"
+
+
+def linear_shapes(module: nn.Module) -> Counter[Shape]:
+    """How many ``nn.Linear`` layers of each shape ``module`` holds."""
+    return Counter(
+        (m.in_features, m.out_features, m.bias is not None) for m in module.modules() if type(m) is nn.Linear
+    )
+
+
+@dataclass
+class KernelTable:
+    """Measured seconds per call of each kernel, by shape and bucket, and the kernel kept per shape."""
+
+    family: str
+    buckets: tuple[int, ...]
+    seconds: dict[Shape, dict[str, dict[int, float]]] = field(default_factory=dict)
+    chosen: dict[Shape, str] = field(default_factory=dict)
+
+    def choose(self) -> None:
+        """Keep, per shape, the batch-invariant kernel least slow relative to the best of them
+        at each bucket."""
+        for shape, measured in self.seconds.items():
+            by_kernel = {k: t for k, t in measured.items() if k not in NOT_BATCH_INVARIANT}
+            if not by_kernel:
+                continue
+            best = {b: min(times[b] for times in by_kernel.values()) for b in self.buckets}
+            self.chosen[shape] = min(
+                by_kernel, key=lambda k: sum(by_kernel[k][b] / best[b] for b in self.buckets)
+            )
+
+    def step_seconds(self, counts: Counter[Shape] | dict[Shape, int], bucket: int) -> float:
+        """Seconds the kept kernels take for ``counts`` calls of each shape at ``bucket`` rows."""
+        return sum(n * self.seconds[s][self.chosen[s]][bucket] for s, n in counts.items() if s in self.chosen)
+
+    def describe(self) -> str:
+        """The table as log lines: per shape, each kernel's microseconds per bucket, * = kept."""
+        head = f"linear kernels ({self.family}), microseconds per call at rows " + "/".join(
+            map(str, self.buckets)
+        )
+        lines = [head]
+        for shape in sorted(self.seconds):
+            cells = []
+            for kernel, times in self.seconds[shape].items():
+                mark = "*" if self.chosen.get(shape) == kernel else ""
+                cells.append(f"{mark}{kernel} " + "/".join(f"{1e6 * times[b]:.0f}" for b in self.buckets))
+            lines.append(f"  {shape_key(shape)}: " + ", ".join(cells))
+        return "\n".join(lines)
+
+    def as_dict(self) -> dict:
+        """JSON-ready form (benchmarks' reports)."""
+        return {
+            "family": self.family,
+            "buckets": list(self.buckets),
+            "chosen": {shape_key(s): k for s, k in self.chosen.items()},
+            "us_per_call": {
+                shape_key(s): {k: {str(b): round(1e6 * t[b], 1) for b in self.buckets} for k, t in v.items()}
+                for s, v in self.seconds.items()
+            },
+        }
+
+
+def table_path() -> Path:
+    """The cache file of this CPU model and torch version."""
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_model()).strip("-") or "unknown"
+    return cache_dir() / f"linear-kernels-{slug}-torch{torch.__version__}.json"
+
+
+def _load(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def _store(path: Path, data: dict) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(f.name, path)  # atomic: a concurrent reader sees the old file or the new
+    except OSError as e:  # a read-only cache only costs a measurement at the next start
+        logger.warning("kernel table not cached (%s): %s", path, e)
+
+
+def _run_all(layers: Sequence[KernelLinear], x: torch.Tensor) -> None:
+    for layer in layers:
+        layer(x)
+
+
+def _copies(kernel: str, shape: Shape, gen: torch.Generator) -> list[KernelLinear] | None:
+    """Distinct random layers of ``shape`` in kernel ``kernel``, enough to stream from memory."""
+    fan_in, fan_out, bias = shape
+    copies = max(2, min(MAX_COPIES, STREAM_BYTES // (4 * fan_in * fan_out)))
+    layers: list[KernelLinear] = []
+    for _ in range(copies):
+        dense = nn.Linear(fan_in, fan_out, bias=bias, device="meta")
+        dense.weight = nn.Parameter(torch.randn(fan_out, fan_in, generator=gen) * 0.02, requires_grad=False)
+        if bias:
+            dense.bias = nn.Parameter(torch.zeros(fan_out), requires_grad=False)
+        layer = make_candidate(kernel, dense)
+        if layer is None:
+            return None
+        layers.append(layer)
+    return layers
+
+
+def time_kernels(
+    kernels: Sequence[str], shape: Shape, buckets: Sequence[int], repeat: int = REPEAT
+) -> dict[str, dict[int, float]]:
+    """Best seconds per call of each available kernel on ``shape`` at each bucket, over distinct
+    random weights streamed from memory. The kernels take turns within each repeat, so a burst
+    of load from other processes slows all of them alike rather than one."""
+    gen = torch.Generator().manual_seed(0)
+    layers = {k: c for k in kernels if (c := _copies(k, shape, gen)) is not None}
+    best = {k: dict.fromkeys(buckets, float("inf")) for k in layers}
+    with torch.inference_mode():
+        inputs = {b: torch.randn(b, shape[0], generator=gen) for b in buckets}
+        for copies in layers.values():  # warm-up: first touch of the weights, lazy set-up
+            _run_all(copies, inputs[buckets[0]].to(copies[0].input_dtype))
+        for _ in range(repeat):
+            for b in buckets:
+                for k, copies in layers.items():
+                    x = inputs[b].to(copies[0].input_dtype)
+                    t0 = time.perf_counter()
+                    _run_all(copies, x)
+                    best[k][b] = min(best[k][b], (time.perf_counter() - t0) / len(copies))
+    return best
+
+
+def measure_kernels(
+    shapes: Iterable[Shape], family: str, buckets: Sequence[int], *, kernels: Sequence[str] | None = None
+) -> KernelTable:
+    """The kernel table of ``family`` for ``shapes`` at ``buckets``: from the cache file where
+    it holds them (same threads), measured and added to it otherwise."""
+    if family not in FAMILIES:
+        raise ValueError(f"unknown kernel family {family!r} (choose from {', '.join(FAMILIES)})")
+    kernels = tuple(kernels or FAMILIES[family])
+    buckets = tuple(sorted(set(buckets)))
+    path = table_path()
+    cache = _load(path)
+    threads = torch.get_num_threads()
+    table = KernelTable(family, buckets)
+    measured = 0
+    for shape in sorted(set(shapes)):
+        keys = {k: f"{k}|{shape_key(shape)}|t{threads}" for k in kernels}
+        if any(str(b) not in cache.get(key, {}) for key in keys.values() for b in buckets):
+            # Measured again for every kernel of the shape together (they take turns).
+            for kernel, times in time_kernels(kernels, shape, buckets).items():
+                cache[keys[kernel]] = cache.get(keys[kernel], {}) | {str(b): t for b, t in times.items()}
+            measured += 1
+        for kernel, key in keys.items():
+            if key in cache:
+                table.seconds.setdefault(shape, {})[kernel] = {b: cache[key][str(b)] for b in buckets}
+    if measured:
+        _store(path, cache)
+    table.choose()
+    source = f"measured {measured} shapes" if measured else "from the cache"
+    logger.info("%s\n  (%s, %s)", table.describe(), source, path)
+    return table
+
+
+def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
+    """Replace every ``nn.Linear`` of ``module`` by the kernel ``table`` keeps for its shape
+    (int8 families quantize each weight once). Returns how many layers went to each kernel."""
+    used: Counter[str] = Counter()
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is not nn.Linear:
+                continue
+            shape = (child.in_features, child.out_features, child.bias is not None)
+            kernel = table.chosen.get(shape)
+            if kernel is None:
+                continue
+            quantized = quantize_int8(child.weight) if table.family == "int8" else None
+            layer = make_candidate(kernel, child, quantized)
+            assert layer is not None  # measured, so available
+            parent._modules[name] = layer
+            used[kernel] += 1
+    return used
+
+
+def frame_linear_calls(talker_cfg: object) -> Counter[Shape]:
+    """Linear calls of one decode frame of a talker config (``TalkerConfig``): its layers and
+    codec head once, the code predictor's layers and one head per codebook after the first."""
+    t = talker_cfg
+    cp = t.code_predictor  # type: ignore[attr-defined]
+    calls: Counter[Shape] = Counter()
+
+    def layers(c: object, n: int) -> None:
+        h, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim  # type: ignore[attr-defined]
+        bias = bool(getattr(c, "attention_bias", False))
+        inter = c.intermediate_size  # type: ignore[attr-defined]
+        per_layer = [(h, heads * hd, bias), (h, kv * hd, bias), (h, kv * hd, bias), (heads * hd, h, bias)]
+        per_layer += [(h, inter, False), (h, inter, False), (inter, h, False)]
+        for shape in per_layer:
+            calls[shape] += n * c.num_hidden_layers  # type: ignore[attr-defined]
+
+    layers(t, 1)
+    calls[(t.hidden_size, t.vocab_size, False)] += 1  # type: ignore[attr-defined]
+    steps = cp.num_code_groups - 1
+    layers(cp, steps)
+    calls[(cp.hidden_size, cp.vocab_size, False)] += steps
+    if t.hidden_size != cp.hidden_size:  # type: ignore[attr-defined]
+        calls[(t.hidden_size, cp.hidden_size, True)] += steps  # type: ignore[attr-defined]
+    return calls
+
+
+def measured_cpu_dtype(buckets: Sequence[int] = (1, 8)) -> str:
+    """``--dtype auto`` on CPU: bfloat16 where a released 0.6B frame's linears, each family with
+    its chosen kernels, run faster in bfloat16 than in float32 at every bucket; else float32."""
+    from tts_common.release_dims import release_talker_config
+
+    calls = frame_linear_calls(release_talker_config("0b6"))
+    times = {}
+    for family in ("float32", "bfloat16"):
+        table = measure_kernels(calls, family, buckets)
+        times[family] = {b: table.step_seconds(calls, b) for b in buckets}
+    pick = "bfloat16" if all(times["bfloat16"][b] < times["float32"][b] for b in buckets) else "float32"
+    logger.info(
+        "--dtype auto on CPU: %s (linears of a 0.6B frame, ms at rows %s: float32 %s, bfloat16 %s)",
+        pick,
+        "/".join(map(str, buckets)),
+        "/".join(f"{1e3 * times['float32'][b]:.0f}" for b in buckets),
+        "/".join(f"{1e3 * times['bfloat16'][b]:.0f}" for b in buckets),
+    )
+    return pick
+
+
+__all__ = [
+    "FAMILY_DTYPE",
+    "KernelTable",
+    "frame_linear_calls",
+    "linear_shapes",
+    "measure_kernels",
+    "measured_cpu_dtype",
+    "set_up_linears",
+    "table_path",
+    "use_kernels",
+]
+
+
+def _forced_kernel(linear: str, family: str) -> str:
+    suffix = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8"}[family]
+    kernel = f"{linear}-{suffix}"
+    if kernel not in FAMILIES[family]:
+        raise ValueError(
+            f"--linear {linear} has no {family} kernel (choose from auto, {', '.join(FAMILIES[family])})"
+        )
+    return kernel
+
+
+def set_up_linears(
+    module: nn.Module,
+    device: torch.device | str,
+    dtype: torch.dtype,
+    linear: str,
+    quantization: str,
+    buckets: Sequence[int],
+) -> tuple[str, KernelTable | None]:
+    """Put the linear kernels of ``--linear``/``--quantization`` into ``module`` (a model about
+    to decode at ``buckets`` rows); returns a one-line description and the measured table
+    (``--linear auto``) or None. Raises ValueError for a combination that cannot run."""
+    if quantization not in ("none", "int8"):
+        raise ValueError(f"unknown quantization {quantization!r} (choose from none, int8)")
+    if torch.device(device).type != "cpu":
+        if quantization != "none":
+            raise ValueError(f"--quantization {quantization} runs on CPU only")
+        return "torch (not on CPU)", None
+    if quantization == "int8":
+        family = "int8"
+    elif dtype in (torch.float32, torch.bfloat16):
+        family = "float32" if dtype == torch.float32 else "bfloat16"
+    else:
+        return f"torch ({dtype} has no other CPU kernels)", None
+    if linear == "torch" and family != "int8":
+        return "torch (nn.Linear)", None
+    shapes = linear_shapes(module)
+    if linear == "auto":
+        table = measure_kernels(shapes, family, buckets)
+    else:
+        table = KernelTable(family, tuple(buckets))
+        kernel = _forced_kernel(linear, family)
+        if make_candidate(kernel, nn.Linear(16, 16)) is None:
+            raise ValueError(f"--linear {linear}: kernel {kernel} is not available on this machine")
+        table.chosen = dict.fromkeys(shapes, kernel)
+    used = use_kernels(module, table)
+    described = ", ".join(f"{k} x{n}" for k, n in sorted(used.items()))
+    return f"{family}: {described} (--linear {linear})", table if linear == "auto" else None
