@@ -141,6 +141,23 @@ def test_measured_table_is_cached_and_not_measured_again(kernel_cache, monkeypat
     assert "*" in again.describe()
 
 
+def test_a_kernel_this_machine_lacks_does_not_make_every_start_measure_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A CPU without AVX512-BF16 has no gemv-bf16dp: the cache must still hold the whole table.
+    from tts_common.kernels import candidates
+
+    def available(name: str) -> bool:
+        return name != "gemv-bf16dp" and name in CANDIDATES
+
+    monkeypatch.setattr(candidates, "candidate_available", available)
+    monkeypatch.setattr(choice, "candidate_available", available, raising=False)
+    kernels = ("torch-bf16", "gemv-bf16dp")
+    first = choice.measure_kernels({(32, 48, False)}, "bfloat16", (1, 2), kernels=kernels)
+    assert set(first.seconds[(32, 48, False)]) == {"torch-bf16"}
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: pytest.fail("measured again"))
+    again = choice.measure_kernels({(32, 48, False)}, "bfloat16", (1, 2), kernels=kernels)
+    assert again.seconds == first.seconds and again.chosen == first.chosen
+
+
 def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
     x = torch.randn(3, 16)
