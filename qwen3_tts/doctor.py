@@ -37,6 +37,7 @@ from typing import Any
 
 import torch
 
+from tts_common.cpu_info import cpu_model
 from tts_common.memory import format_bytes
 from tts_common.memory_plan import CUDA_CONTEXT_BYTES, MemoryPlan, StageShare, plan_device
 from tts_common.self_check import CheckFailedError, CheckResult, run_check
@@ -111,16 +112,6 @@ def _driver_version() -> str:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     """Versions, compiler and device facts (no check: see :func:`environment_checks`)."""
     compiler = next(
@@ -136,7 +127,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "driver": _driver_version(),
         "c_compiler": compiler or "",
         "python_headers": str(headers) if headers.is_file() else "",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     try:
