@@ -40,6 +40,7 @@ import torch
 from tts_common.cpu_info import cpu_model
 from tts_common.memory import format_bytes
 from tts_common.memory_plan import CUDA_CONTEXT_BYTES, MemoryPlan, StageShare, plan_device
+from tts_common.precision import resolve_dtype
 from tts_common.self_check import CheckFailedError, CheckResult, run_check
 
 FRAME_RATE_HZ = 12.5
@@ -54,7 +55,8 @@ class DoctorOptions:
     """Checkpoint directory; None = a dev checkpoint of ``size`` written to a temporary folder."""
     device: str = "cpu"
     dtype: str | None = None
-    """None: bfloat16 on CUDA, float32 on CPU (the stages' defaults)."""
+    """A ``--dtype`` value (``auto`` resolved as the stages resolve it); None: bfloat16 on CUDA,
+    float32 on CPU."""
     size: str | None = None
     """Dev checkpoint dims (dev, 0b6, 1b7); None: 1b7 on CUDA, dev on CPU."""
     max_slots: int | None = None
@@ -348,9 +350,12 @@ def check_decoder(
 def run_doctor(options: DoctorOptions) -> DoctorReport:
     """Every check of the module docstring, into a report."""
     device = torch.device(options.device)
-    dtype = getattr(torch, options.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    # --dtype auto resolves as the stages resolve it (tts_common.precision: measured on CPU).
+    dtype_name = resolve_dtype(options.dtype or ("bfloat16" if device.type == "cuda" else "float32"), device)
+    dtype = getattr(torch, dtype_name)
     report = DoctorReport(device=str(device))
     report.environment = environment(device)
+    report.environment["dtype"] = dtype_name
     report.checks += environment_checks(device, report.environment)
     if not report.passed:
         return report

@@ -88,3 +88,20 @@ def test_doctor_fails_naming_a_compile_failure(tmp_path: Path, monkeypatch: pyte
     failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
     assert code == 1 and set(failed) == {"talker.capture", "decoder.capture"}
     assert "cc not found" in failed["talker.capture"]
+
+
+def test_doctor_takes_dtype_auto_and_resolves_it_as_the_stages_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tts_common.kernels import choice
+
+    measured: list[bool] = []
+
+    def measured_cpu_dtype() -> str:  # the stages' CPU measurement, stood in for (it takes seconds)
+        measured.append(True)
+        return "float32"
+
+    monkeypatch.setattr(choice, "measured_cpu_dtype", measured_cpu_dtype)
+    code, report = _doctor(tmp_path, "--dtype", "auto")
+    assert code == 0 and report["passed"], [c for c in report["checks"] if not c["passed"]]
+    assert measured and report["environment"]["dtype"] == "float32"
