@@ -41,7 +41,7 @@ from tts_common.cpu_info import cpu_model
 from tts_common.memory import format_bytes
 from tts_common.memory_plan import CUDA_CONTEXT_BYTES, MemoryPlan, StageShare, plan_device
 from tts_common.precision import resolve_dtype
-from tts_common.self_check import CheckFailedError, CheckResult, run_check
+from tts_common.self_check import CheckFailedError, CheckResult, run_check, step_path
 
 FRAME_RATE_HZ = 12.5
 """Codec frames per second of the 12 Hz tokenizer (one talker step per frame per stream)."""
@@ -255,7 +255,7 @@ def check_talker(
     report.checks.append(run_check("talker.step_time", step_time))
     realtime = [int(b) for b, s in steps.items() if s <= period]
     report.talker = {
-        "step_path": f"{graphs.report.mode}-graphs" if runner.graphs is not None else "eager",
+        "step_path": step_path(graphs.report.mode if runner.graphs is not None else None),
         "buckets": list(engine.config.graph_buckets),
         "step_seconds": steps,
         "frame_period_seconds": period,
@@ -332,7 +332,7 @@ def check_decoder(
     }
     graphs = batcher.graphs
     report.decoder = {
-        "step_path": f"{graphs.report.mode}-graphs" if graphs is not None else "eager",
+        "step_path": step_path(None if graphs is None else graphs.report.mode),
         "batch_buckets": list(batcher.batch_buckets),
         "frame_buckets": list(batcher.frame_buckets),
         "chunk_seconds": chunk,
