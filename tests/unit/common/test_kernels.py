@@ -173,3 +173,22 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "gemv", "none", (1,))
     plain = nn.Linear(4, 4)
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # -march=native builds for the flags of the CPU at hand; a host of the same model name with
+    # fewer flags (a VM masking some, a generic "AMD EPYC") sharing the cache must not load it.
+    from tts_common.kernels import gemv as gemv_module
+
+    flags = gemv_module.cpu_flags()
+    built = []
+    try:
+        for extra in (frozenset(), frozenset({"avx512_made_up"})):
+            monkeypatch.setattr(gemv_module, "cpu_flags", lambda extra=extra: flags | extra)
+            gemv_module._library.cache_clear()
+            assert gemv_module._library() is not None
+            built.append(sorted(p.name for p in kernel_cache.glob("gemv-*.so")))
+    finally:
+        gemv_module._library.cache_clear()
+    assert len(built[0]) == 1 and len(built[1]) == 2
