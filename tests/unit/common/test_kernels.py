@@ -175,6 +175,25 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
 
 
+def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A cache dir shared with a host of the same CPU model name that had gemv-bf16dp: its faster
+    # entry must not be chosen here, where the kernel cannot be built.
+    from tts_common.kernels import candidates
+
+    def available(name: str) -> bool:
+        return name != "gemv-bf16dp" and name in CANDIDATES
+
+    monkeypatch.setattr(candidates, "candidate_available", available)
+    monkeypatch.setattr(choice, "candidate_available", available, raising=False)
+    shape, kernels = (32, 48, False), ("torch-bf16", "gemv-bf16dp")
+    choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
+    cached = json.loads(choice.table_path().read_text())
+    cached[f"gemv-bf16dp|{choice.shape_key(shape)}|t{torch.get_num_threads()}"] = {"1": 1e-12}
+    choice.table_path().write_text(json.dumps(cached))
+    table = choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
+    assert table.chosen == {shape: "torch-bf16"}
+
+
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
 def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # -march=native builds for the flags of the CPU at hand; a host of the same model name with
