@@ -25,50 +25,20 @@ import argparse
 import dataclasses
 import json
 import statistics
+import sys
 import threading
 import time
 from pathlib import Path
 
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/talker_bench.py: the random talker
+
+from talker_bench import build_model, random_prompt
+
 import talker_service
 from talker_service.engine import EngineConfig, FrameEvent, TalkerEngine
-from talker_service.model.loader import TalkerModel
-from talker_service.model.prompt import TalkerPrompt
-from talker_service.model.talker import Talker
-from tts_common.config import CheckpointConfig, GenerationConfig, Qwen3TTSConfig, SpeechTokenizerConfig
 from tts_common.synthesis import SamplingParams
-
-
-def build_model(size: str) -> TalkerModel:
-    """Random talker weights at the dev (tiny) or released dimensions."""
-    from qwen3_tts.dev_model import dev_model_config, dev_speech_tokenizer_config
-
-    cfg = Qwen3TTSConfig.from_dict(dev_model_config("custom_voice", size))
-    torch.manual_seed(0)
-    talker = Talker(cfg.talker).eval().requires_grad_(False)
-    with torch.no_grad():
-        talker.codec_head.weight[cfg.talker.codec_eos_token_id].zero_()  # fixed-length runs
-    ckpt = CheckpointConfig(
-        path=Path("."),
-        model=cfg,
-        speech_tokenizer=SpeechTokenizerConfig.from_dict(dev_speech_tokenizer_config(size)),
-        generation=GenerationConfig(),
-    )
-    return TalkerModel(
-        config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=torch.float32
-    )  # type: ignore[arg-type]
-
-
-def prompt(model: TalkerModel, length: int, seed: int) -> TalkerPrompt:
-    g = torch.Generator().manual_seed(seed)
-    h = model.config.model.talker.hidden_size
-    return TalkerPrompt(
-        prefill=torch.randn(length, h, generator=g) * 0.02,
-        trailing=torch.randn(1, h, generator=g) * 0.02,
-        tts_pad=torch.zeros(h),
-        text_tokens=12,
-    )
 
 
 class Stream:
@@ -99,7 +69,7 @@ def p(values: list[float], q: float) -> float:
 
 def run(args: argparse.Namespace) -> dict[str, object]:
     torch.set_num_threads(args.threads)
-    model = build_model(args.size)
+    model = build_model(args.size, torch.float32)
     config = EngineConfig(
         max_slots=args.running + args.arrivals, max_seq_len=args.max_seq_len, max_waiting=256
     )
@@ -112,7 +82,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for i, sink in enumerate(running):
             engine.add(
                 f"run{i}",
-                prompt(model, args.prompt_len, i),
+                random_prompt(model, args.prompt_len, i),
                 dataclasses.replace(sampling, seed=i),
                 args.max_seq_len - args.prompt_len - 2,
                 sink,
@@ -126,7 +96,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for i, sink in enumerate(newcomers):
             engine.add(
                 f"new{i}",
-                prompt(model, args.prompt_len, 100 + i),
+                random_prompt(model, args.prompt_len, 100 + i),
                 dataclasses.replace(sampling, seed=100 + i),
                 args.new_frames,
                 sink,

@@ -13,27 +13,21 @@ from __future__ import annotations
 
 import argparse
 import json
-import time
+import sys
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from decoder_bench import best_time
+from talker_bench import read_bandwidth_gbs
 
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.candidates import CANDIDATES, make_candidate
 
 SHAPES = ((1024, 3072), (3072, 1024), (1024, 2048), (2048, 1024), (1024, 1024))
 """(in, out) of the talker's layers at the released 0.6B dimensions."""
-
-
-def read_bandwidth(mib: int = 512, repeat: int = 5) -> float:
-    buf = torch.ones(mib * 2**20 // 4)
-    best = min(_timed(buf.sum) for _ in range(repeat))
-    return buf.numel() * 4 / best / 1e9
-
-
-def _timed(fn, *args) -> float:  # type: ignore[no-untyped-def]
-    t0 = time.perf_counter()
-    fn(*args)
-    return time.perf_counter() - t0
 
 
 def _run_all(layers: list, x: torch.Tensor) -> None:
@@ -51,7 +45,7 @@ def main() -> None:
     opts = ap.parse_args()
     rows = [int(r) for r in opts.rows.split(",")]
     out: dict = {"cpu_model": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
-    out["read_gbs"] = round(read_bandwidth(), 1)
+    out["read_gbs"] = round(read_bandwidth_gbs(), 1)
     print(json.dumps(out), flush=True)
     results = []
     with torch.inference_mode():
@@ -65,9 +59,8 @@ def main() -> None:
                 nbytes = sum(layer.weight_bytes() for layer in layers)
                 for r in rows:
                     x = torch.randn(r, fan_in, dtype=layers[0].input_dtype)
-                    for layer in layers:  # warm-up (first call: lazy build, page faults)
-                        layer(x)
-                    best = min(_timed(_run_all, layers, x) for _ in range(opts.repeat))
+                    # best_time's warm-up call: the kernels' lazy build, the weights' page faults
+                    best = best_time(lambda layers=layers, x=x: _run_all(layers, x), opts.repeat)
                     row = {
                         "shape": f"{fan_in}->{fan_out}",
                         "kernel": name,

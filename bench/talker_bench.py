@@ -33,7 +33,7 @@ from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
 from tts_common.compute_thread import call_in_fresh_thread
-from tts_common.config import CheckpointConfig, GenerationConfig, SpeechTokenizerConfig
+from tts_common.config import CheckpointConfig, GenerationConfig, Qwen3TTSConfig, SpeechTokenizerConfig
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears
 from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES, resolve_dtype
@@ -42,7 +42,16 @@ from tts_common.synthesis import SamplingParams
 
 
 def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
-    cfg = release_model_config(size, "custom_voice")
+    """Random talker weights at the dev (tiny) or released dimensions, the EOS logit zeroed
+    (fixed-length runs)."""
+    if size == "dev":
+        from qwen3_tts.dev_model import dev_model_config, dev_speech_tokenizer_config
+
+        cfg = Qwen3TTSConfig.from_dict(dev_model_config("custom_voice", size))
+        tokenizer_config = dev_speech_tokenizer_config(size)
+    else:
+        cfg = release_model_config(size, "custom_voice")
+        tokenizer_config = speech_tokenizer_config_dict()
     torch.manual_seed(0)
     talker = Talker(cfg.talker).to(dtype).eval().requires_grad_(False)
     with torch.no_grad():
@@ -50,7 +59,7 @@ def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
     ckpt = CheckpointConfig(
         path=Path("."),
         model=cfg,
-        speech_tokenizer=SpeechTokenizerConfig.from_dict(speech_tokenizer_config_dict()),
+        speech_tokenizer=SpeechTokenizerConfig.from_dict(tokenizer_config),
         generation=GenerationConfig(),
     )
     return TalkerModel(config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=dtype)  # type: ignore[arg-type]

@@ -21,6 +21,7 @@ from talker_service.model.sampling import SamplingTensors
 from talker_service.model.step import DecodeState, decode_step, prefill
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears
+from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES
 from tts_common.synthesis import SamplingParams
 
 
@@ -57,8 +58,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument("--dtype", default="bfloat16", choices=["float32", "bfloat16"])
-    ap.add_argument("--quantization", default="none", choices=["none", "int8"])
-    ap.add_argument("--linear", default="auto")
+    ap.add_argument("--quantization", default="none", choices=QUANTIZATION_CHOICES, help="the engine's flag")
+    ap.add_argument("--linear", default="auto", choices=LINEAR_CHOICES, help="the engine's --linear")
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--steps", type=int, default=3)

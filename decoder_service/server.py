@@ -32,6 +32,7 @@ from tts_common.errors import CapacityError, FailedPreconditionError, InvalidReq
 from tts_common.fingerprint import reported_fingerprint
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
+from tts_common.self_check import step_path
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
@@ -147,10 +148,8 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         )
         self.fallback_reason = outcome.fallback_reason
         t3 = time.monotonic()
-        if batcher.graphs is not None:
-            self.step_path = f"{batcher.graphs.report.mode}-graphs"
-        else:
-            self.step_path = "eager (fallback)" if outcome.fallback_reason else "eager"
+        graphs = batcher.graphs
+        self.step_path = step_path(None if graphs is None else graphs.report.mode, outcome.fallback_reason)
         self.batcher = DecodeBatcher(batcher, self.compute)
         self.batcher.start()
         if batcher.graphs is not None:

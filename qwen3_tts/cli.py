@@ -474,6 +474,8 @@ def _http_health(url: str, args: argparse.Namespace, context: ssl.SSLContext | N
 
 
 def _add_doctor(sub: argparse._SubParsersAction) -> None:
+    from tts_common.precision import DTYPE_CHOICES
+
     p = sub.add_parser(
         "doctor",
         help="check this host before serving: environment, graph buckets vs eager, step times, memory plan",
@@ -482,8 +484,8 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default=None, help="cuda, cuda:N or cpu (default: cuda when available)")
     p.add_argument(
         "--dtype",
-        choices=["float32", "bfloat16", "float16"],
-        help="default: bfloat16 on CUDA, float32 on CPU",
+        choices=DTYPE_CHOICES,
+        help="auto resolves as the stages do (default: bfloat16 on CUDA, float32 on CPU)",
     )
     p.add_argument(
         "--size",

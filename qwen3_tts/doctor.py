@@ -37,9 +37,11 @@ from typing import Any
 
 import torch
 
+from tts_common.cpu_info import cpu_model
 from tts_common.memory import format_bytes
 from tts_common.memory_plan import CUDA_CONTEXT_BYTES, MemoryPlan, StageShare, plan_device
-from tts_common.self_check import CheckFailedError, CheckResult, run_check
+from tts_common.precision import resolve_dtype
+from tts_common.self_check import CheckFailedError, CheckResult, run_check, step_path
 
 FRAME_RATE_HZ = 12.5
 """Codec frames per second of the 12 Hz tokenizer (one talker step per frame per stream)."""
@@ -53,7 +55,8 @@ class DoctorOptions:
     """Checkpoint directory; None = a dev checkpoint of ``size`` written to a temporary folder."""
     device: str = "cpu"
     dtype: str | None = None
-    """None: bfloat16 on CUDA, float32 on CPU (the stages' defaults)."""
+    """A ``--dtype`` value (``auto`` resolved as the stages resolve it); None: bfloat16 on CUDA,
+    float32 on CPU."""
     size: str | None = None
     """Dev checkpoint dims (dev, 0b6, 1b7); None: 1b7 on CUDA, dev on CPU."""
     max_slots: int | None = None
@@ -111,16 +114,6 @@ def _driver_version() -> str:
     return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
 
 
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
-
-
 def environment(device: torch.device) -> dict[str, Any]:
     """Versions, compiler and device facts (no check: see :func:`environment_checks`)."""
     compiler = next(
@@ -136,7 +129,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "driver": _driver_version(),
         "c_compiler": compiler or "",
         "python_headers": str(headers) if headers.is_file() else "",
-        "cpu": _cpu_model(),
+        "cpu": cpu_model(),
         "cpu_count": os.cpu_count(),
     }
     try:
@@ -262,7 +255,7 @@ def check_talker(
     report.checks.append(run_check("talker.step_time", step_time))
     realtime = [int(b) for b, s in steps.items() if s <= period]
     report.talker = {
-        "step_path": f"{graphs.report.mode}-graphs" if runner.graphs is not None else "eager",
+        "step_path": step_path(graphs.report.mode if runner.graphs is not None else None),
         "buckets": list(engine.config.graph_buckets),
         "step_seconds": steps,
         "frame_period_seconds": period,
@@ -339,7 +332,7 @@ def check_decoder(
     }
     graphs = batcher.graphs
     report.decoder = {
-        "step_path": f"{graphs.report.mode}-graphs" if graphs is not None else "eager",
+        "step_path": step_path(None if graphs is None else graphs.report.mode),
         "batch_buckets": list(batcher.batch_buckets),
         "frame_buckets": list(batcher.frame_buckets),
         "chunk_seconds": chunk,
@@ -357,9 +350,12 @@ def check_decoder(
 def run_doctor(options: DoctorOptions) -> DoctorReport:
     """Every check of the module docstring, into a report."""
     device = torch.device(options.device)
-    dtype = getattr(torch, options.dtype or ("bfloat16" if device.type == "cuda" else "float32"))
+    # --dtype auto resolves as the stages resolve it (tts_common.precision: measured on CPU).
+    dtype_name = resolve_dtype(options.dtype or ("bfloat16" if device.type == "cuda" else "float32"), device)
+    dtype = getattr(torch, dtype_name)
     report = DoctorReport(device=str(device))
     report.environment = environment(device)
+    report.environment["dtype"] = dtype_name
     report.checks += environment_checks(device, report.environment)
     if not report.passed:
         return report

@@ -27,6 +27,7 @@ from tts_common.errors import FailedPreconditionError, InvalidRequestError, Unav
 from tts_common.logging_setup import request_context
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2
+from tts_common.self_check import step_path
 from tts_common.serving.request_ids import resolve_request_id
 from tts_common.serving.rpc_errors import handle_rpc_errors
 
@@ -79,10 +80,8 @@ class TalkerServicer(stages_pb2_grpc.TalkerServicer):
         self.tokenizer_files = stages_pb2.TokenizerFiles(files=self.model.tokenizer_files)
         check = self.engine.graph_check
         graphs = self.engine.runner.graphs
-        step_path = f"{graphs.report.mode}-graphs" if graphs is not None else "eager"
-        if check.fallback_reason:
-            step_path = "eager (fallback)"
-        self.info = talker_info(self.model, self.engine_config, step_path, check.fallback_reason)
+        path = step_path(None if graphs is None else graphs.report.mode, check.fallback_reason)
+        self.info = talker_info(self.model, self.engine_config, path, check.fallback_reason)
         self.engine.on_step.append(self._observe_step)
         self.engine.start()
         logger.info(

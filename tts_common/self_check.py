@@ -155,6 +155,15 @@ def choose_graph_path(
     return GraphPathOutcome(None, report, f"self-check failed, eager fallback: {reason}")
 
 
+def step_path(mode: str | None, fallback_reason: str = "") -> str:
+    """How a stage's step runs, as its model info reports it (``step_path``): ``<mode>-graphs``
+    for a graph path of capture ``mode`` (cuda, emulated), else ``eager``, or ``eager (fallback)``
+    when the graph path failed its self-check (``fallback_reason``)."""
+    if mode is not None:
+        return f"{mode}-graphs"
+    return "eager (fallback)" if fallback_reason else "eager"
+
+
 __all__ = [
     "CUDA_GRAPHS_CHOICES",
     "CheckFailedError",
@@ -166,4 +175,5 @@ __all__ = [
     "choose_graph_path",
     "run_check",
     "run_checks",
+    "step_path",
 ]

@@ -5,7 +5,11 @@ from __future__ import annotations
 import threading
 from collections.abc import Sequence
 
+import pytest
+import torch
+
 from talker_service.engine import DoneEvent, EngineConfig, EngineEvent, FrameEvent, Generation, TalkerEngine
+from talker_service.model.decode_attention import InPlaceAttention
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs, TalkerPrompt
 from tts_common.synthesis import SamplingParams
@@ -48,3 +52,16 @@ class Collector:
         assert self.event.wait(120), "request did not finish"
         assert self.done is not None
         return self.done
+
+
+def wrong_partial_index(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A set_lengths whose partial block is one block too far (the bug a GPU would hide): what the
+    talker's ``talker.block_lists`` self-check must catch."""
+    right = InPlaceAttention.set_lengths
+
+    def wrong(self: InPlaceAttention, lengths: torch.Tensor) -> None:
+        right(self, lengths)
+        if self.kernel == "flex":
+            self._partial_idx[:, 0, 0, 0].add_(1).clamp_(max=self._blocks - 1)
+
+    monkeypatch.setattr(InPlaceAttention, "set_lengths", wrong)

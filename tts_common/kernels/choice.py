@@ -44,6 +44,7 @@ from .candidates import (
     FAMILY_DTYPE,
     NOT_BATCH_INVARIANT,
     KernelLinear,
+    candidate_available,
     make_candidate,
     quantize_int8,
 )
@@ -197,7 +198,9 @@ def measure_kernels(
     it holds them (same threads), measured and added to it otherwise."""
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r} (choose from {', '.join(FAMILIES)})")
-    kernels = tuple(kernels or FAMILIES[family])
+    # Only the kernels this machine runs: one it lacks (say gemv-bf16dp without AVX512-BF16) is
+    # never timed, so never in the file, and would make every start measure its shapes again.
+    kernels = tuple(k for k in (kernels or FAMILIES[family]) if candidate_available(k))
     buckets = tuple(sorted(set(buckets)))
     path = table_path()
     cache = _load(path)

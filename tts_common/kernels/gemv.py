@@ -9,7 +9,7 @@ kernel streams each weight row once for all rows of the batch and converts it in
 Build: the C source (:mod:`.gemv_source`) is compiled with the machine's C compiler
 (``$CC`` or ``cc``, ``-O3 -march=native -fopenmp``) into a cache directory
 (:func:`tts_common.kernels.cache.cache_dir`), keyed by the source, the compiler flags and the CPU
-model, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
+model and flags, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
 no torch headers, a build of about a second). Where the compiler, OpenMP or AVX-512 is missing
 :func:`gemv_available` is False and callers use the pure-torch path (:func:`gemv_reference`),
 which computes the same sums in torch.
@@ -60,7 +60,11 @@ def _library() -> ctypes.CDLL | None:
     if cc is None:
         logger.info("GEMV kernel unavailable: no C compiler ($CC, cc, gcc)")
         return None
-    key = hashlib.sha256("\0".join([SOURCE, *CFLAGS, cc, cpu_model()]).encode()).hexdigest()[:16]
+    # -march=native compiles for this CPU's flags: hosts of one model name can differ in them (a
+    # VM masking some, a generic name such as "AMD EPYC"), and a shared cache must not hand one a
+    # build with instructions it lacks.
+    key_parts = [SOURCE, *CFLAGS, cc, cpu_model(), *sorted(cpu_flags())]
+    key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     target = cache_dir() / f"gemv-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)

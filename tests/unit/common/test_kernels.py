@@ -141,6 +141,23 @@ def test_measured_table_is_cached_and_not_measured_again(kernel_cache, monkeypat
     assert "*" in again.describe()
 
 
+def test_a_kernel_this_machine_lacks_does_not_make_every_start_measure_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A CPU without AVX512-BF16 has no gemv-bf16dp: the cache must still hold the whole table.
+    from tts_common.kernels import candidates
+
+    def available(name: str) -> bool:
+        return name != "gemv-bf16dp" and name in CANDIDATES
+
+    monkeypatch.setattr(candidates, "candidate_available", available)
+    monkeypatch.setattr(choice, "candidate_available", available, raising=False)
+    kernels = ("torch-bf16", "gemv-bf16dp")
+    first = choice.measure_kernels({(32, 48, False)}, "bfloat16", (1, 2), kernels=kernels)
+    assert set(first.seconds[(32, 48, False)]) == {"torch-bf16"}
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: pytest.fail("measured again"))
+    again = choice.measure_kernels({(32, 48, False)}, "bfloat16", (1, 2), kernels=kernels)
+    assert again.seconds == first.seconds and again.chosen == first.chosen
+
+
 def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> None:
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
     x = torch.randn(3, 16)
@@ -156,3 +173,41 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "gemv", "none", (1,))
     plain = nn.Linear(4, 4)
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
+
+
+def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # A cache dir shared with a host of the same CPU model name that had gemv-bf16dp: its faster
+    # entry must not be chosen here, where the kernel cannot be built.
+    from tts_common.kernels import candidates
+
+    def available(name: str) -> bool:
+        return name != "gemv-bf16dp" and name in CANDIDATES
+
+    monkeypatch.setattr(candidates, "candidate_available", available)
+    monkeypatch.setattr(choice, "candidate_available", available, raising=False)
+    shape, kernels = (32, 48, False), ("torch-bf16", "gemv-bf16dp")
+    choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
+    cached = json.loads(choice.table_path().read_text())
+    cached[f"gemv-bf16dp|{choice.shape_key(shape)}|t{torch.get_num_threads()}"] = {"1": 1e-12}
+    choice.table_path().write_text(json.dumps(cached))
+    table = choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
+    assert table.chosen == {shape: "torch-bf16"}
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # -march=native builds for the flags of the CPU at hand; a host of the same model name with
+    # fewer flags (a VM masking some, a generic "AMD EPYC") sharing the cache must not load it.
+    from tts_common.kernels import gemv as gemv_module
+
+    flags = gemv_module.cpu_flags()
+    built = []
+    try:
+        for extra in (frozenset(), frozenset({"avx512_made_up"})):
+            monkeypatch.setattr(gemv_module, "cpu_flags", lambda extra=extra: flags | extra)
+            gemv_module._library.cache_clear()
+            assert gemv_module._library() is not None
+            built.append(sorted(p.name for p in kernel_cache.glob("gemv-*.so")))
+    finally:
+        gemv_module._library.cache_clear()
+    assert len(built[0]) == 1 and len(built[1]) == 2

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from qwen3_tts.cli import main
-from talker_service.model.decode_attention import InPlaceAttention
+from tests.helpers.talker import wrong_partial_index
 from tts_common.cuda_graphs import StepCapture
 
 CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "ckpt" / "tiny_custom_voice_1b7"
@@ -65,14 +65,7 @@ def test_doctor_passes_on_cpu_and_reports_everything(tmp_path: Path, capsys: pyt
 
 
 def test_doctor_fails_naming_a_wrong_block_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    right = InPlaceAttention.set_lengths
-
-    def wrong(self: InPlaceAttention, lengths: torch.Tensor) -> None:
-        right(self, lengths)
-        if self.kernel == "flex":
-            self._partial_idx[:, 0, 0, 0].add_(1).clamp_(max=self._blocks - 1)
-
-    monkeypatch.setattr(InPlaceAttention, "set_lengths", wrong)
+    wrong_partial_index(monkeypatch)
     code, report = _doctor(tmp_path)
     failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
     assert code == 1 and list(failed) == ["talker.block_lists"]
@@ -88,3 +81,20 @@ def test_doctor_fails_naming_a_compile_failure(tmp_path: Path, monkeypatch: pyte
     failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
     assert code == 1 and set(failed) == {"talker.capture", "decoder.capture"}
     assert "cc not found" in failed["talker.capture"]
+
+
+def test_doctor_takes_dtype_auto_and_resolves_it_as_the_stages_do(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tts_common.kernels import choice
+
+    measured: list[bool] = []
+
+    def measured_cpu_dtype() -> str:  # the stages' CPU measurement, stood in for (it takes seconds)
+        measured.append(True)
+        return "float32"
+
+    monkeypatch.setattr(choice, "measured_cpu_dtype", measured_cpu_dtype)
+    code, report = _doctor(tmp_path, "--dtype", "auto")
+    assert code == 0 and report["passed"], [c for c in report["checks"] if not c["passed"]]
+    assert measured and report["environment"]["dtype"] == "float32"

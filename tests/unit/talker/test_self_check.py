@@ -18,6 +18,7 @@ from talker_service.engine.self_check import edge_lengths, expected_blocks, veri
 from talker_service.model import TalkerModel
 from talker_service.model.decode_attention import KV_BLOCK, InPlaceAttention
 from tests.helpers.fixtures import fixture_prompt_inputs, load_requests
+from tests.helpers.talker import wrong_partial_index
 from tts_common import metrics
 from tts_common.cuda_graphs import StepCapture
 from tts_common.self_check import CheckFailedError, GraphPathError
@@ -32,18 +33,6 @@ pytestmark = pytest.mark.usefixtures("one_torch_thread")
 @pytest.fixture(scope="module")
 def model() -> TalkerModel:
     return TalkerModel.from_checkpoint(FIXTURES / "ckpt" / NAME)
-
-
-def _wrong_partial_index(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A set_lengths whose partial block is one block too far (the bug a GPU would hide)."""
-    right = InPlaceAttention.set_lengths
-
-    def wrong(self: InPlaceAttention, lengths: torch.Tensor) -> None:
-        right(self, lengths)
-        if self.kernel == "flex":
-            self._partial_idx[:, 0, 0, 0].add_(1).clamp_(max=self._blocks - 1)
-
-    monkeypatch.setattr(InPlaceAttention, "set_lengths", wrong)
 
 
 @settings(max_examples=40, deadline=None)
@@ -68,7 +57,7 @@ def test_edge_lengths_cover_the_block_edges() -> None:
 
 @pytest.mark.parametrize("length", [127, 129, 200])
 def test_a_wrong_partial_index_is_detected(monkeypatch: pytest.MonkeyPatch, length: int) -> None:
-    _wrong_partial_index(monkeypatch)
+    wrong_partial_index(monkeypatch)
     attention = InPlaceAttention(2, 3 * KV_BLOCK, torch.device("cpu"), "flex")
     with pytest.raises(CheckFailedError, match="partial-block list of row 0"):
         verify_block_lists(attention, [length, 1])
@@ -106,7 +95,7 @@ def _failures(check: str) -> float:
 def test_a_wrong_block_list_falls_back_to_eager_with_the_official_codes(
     model: TalkerModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _wrong_partial_index(monkeypatch)
+    wrong_partial_index(monkeypatch)
     before = _failures("talker.block_lists")
     engine = TalkerEngine(model, _config())
     assert engine.runner.graphs is None
@@ -133,7 +122,7 @@ def test_a_compile_failure_falls_back_to_eager_with_the_official_codes(
 def test_cuda_graphs_on_fails_instead_of_falling_back(
     model: TalkerModel, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    _wrong_partial_index(monkeypatch)
+    wrong_partial_index(monkeypatch)
     with pytest.raises(GraphPathError, match="talker.block_lists"):
         TalkerEngine(model, _config(cuda_graphs="on"))
 
@@ -146,7 +135,7 @@ def test_cuda_graphs_on_needs_a_gpu(model: TalkerModel) -> None:
 def test_the_model_info_names_the_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
     from talker_service.server import TalkerServicer
 
-    _wrong_partial_index(monkeypatch)
+    wrong_partial_index(monkeypatch)
     servicer = TalkerServicer(str(FIXTURES / "ckpt" / NAME), _config())
     asyncio.run(servicer.load())
     try:
