@@ -325,12 +325,14 @@ def test_runtime_has_what_triton_compiles_with(instructions: list[Instruction]) 
 
 
 def test_compile_cache_has_a_home_of_its_own(instructions: list[Instruction]) -> None:
-    """torch's and Triton's caches point under COMPILE_CACHE_PATH (a volume in compose and
-    Kubernetes, see test_compose.py and test_k8s.py), a directory the image's user owns so that a
-    fresh volume mounted there is writable; not /tmp, which an emptyDir or a new container empties."""
+    """torch's and Triton's caches, and the talker's measured CPU kernel table, point under
+    COMPILE_CACHE_PATH (a volume in compose and Kubernetes, see test_compose.py and test_k8s.py),
+    a directory the image's user owns so that a fresh volume mounted there is writable; not /tmp,
+    which an emptyDir or a new container empties (the kernel table would be measured again at
+    every start, ~30 s)."""
     runtime = final_stage(instructions)
     env = dict(re.findall(r"(\w+)=(\S+)", " ".join(i.args for i in runtime if i.keyword == "ENV")))
-    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR"):
+    for variable in ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR", "QWEN3TTS_KERNEL_CACHE"):
         assert env[variable].startswith(COMPILE_CACHE_PATH + "/"), variable
     setup = " ".join(i.args for i in runtime if i.keyword == "RUN")
     assert re.search(rf"mkdir -p [^&]*{re.escape(COMPILE_CACHE_PATH)}\b", setup)
