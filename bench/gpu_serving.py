@@ -213,7 +213,7 @@ def main() -> None:
     parser.add_argument("--speaker", default=None, help="preset speaker (CustomVoice)")
     parser.add_argument("--instruct", default=None, help="voice instruction (VoiceDesign)")
     parser.add_argument("--device", default="cuda")
-    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--dtype", default="bfloat16", choices=("bfloat16", "float16", "float32"))
     parser.add_argument("--max-seq-len", type=int, default=2048)
     parser.add_argument("--max-new-tokens", type=int, default=None)
     parser.add_argument("--concurrency", default="1,8,32,64")
