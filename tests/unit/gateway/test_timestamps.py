@@ -8,6 +8,7 @@ the last unit sent whole named at a barge-in."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -21,6 +22,7 @@ from gateway.stages.errors import StageError
 from gateway.synthesis import timestamps
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder
 from gateway.synthesis.timestamps import Timestamper, queued_responses, timed_units
+from gateway.voice_library import NO_KEYS
 from tests.helpers.fake_aligner import (
     FakeAligner,
     fake_times,
@@ -250,6 +252,36 @@ def test_a_slow_aligner_never_holds_back_audio() -> None:
             assert rest[-1].summary.num_samples == audio
 
     run(main())
+
+
+def test_a_slow_client_paces_the_stages_with_timestamps_on() -> None:
+    """The client's pace is the stages' pace: read slowly, the gateway starts no more segments
+    than the one being read and its lookahead (plus the one whose start the pull may be
+    awaiting), however fast the talker and the aligner are. Read in process, so no transport
+    buffer hides what the gateway itself holds."""
+
+    async def main() -> None:
+        async with harness_with_aligner(FakeAligner(), frames=4, segment_tokens=20, segment_lookahead=1) as h:
+            segments = len(segment_text(TEXT, 20, estimate_tokens))
+            assert segments > 5
+            per_segment = 4 * SAMPLES_PER_FRAME
+            responses = h.gateway.unary.synthesize(
+                request(), "slow-client", caller=NO_KEYS, received=time.monotonic()
+            )
+            produced_ahead = []
+            audio = 0
+            seen: list[str] = []
+            async for response in responses:
+                seen.append(str(response.WhichOneof("payload")))
+                audio += response.audio.num_samples
+                await asyncio.sleep(0.03)  # a slow reader; the fake talker is ~6x faster
+                read_whole = audio // per_segment
+                produced_ahead.append(len(h.talker.requests) - read_whole)
+            assert seen.count("timestamps") == segments and seen[-1] == "summary"
+        # Read, the current one, its lookahead, one more being pulled: never the whole text.
+        assert max(produced_ahead) <= 3, produced_ahead
+
+    run(main(), timeout=60)
 
 
 def test_an_aligner_failure_leaves_the_audio_and_says_so() -> None:
