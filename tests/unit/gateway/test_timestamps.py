@@ -31,6 +31,7 @@ from tests.helpers.fake_aligner import (
 )
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tests.helpers.ports import free_port
+from tests.unit.gateway.test_validation import wav_bytes
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.text import estimate_tokens, segment_text
@@ -360,6 +361,33 @@ def test_without_an_aligner_timestamps_are_failed_precondition() -> None:
             assert "timestamps: unknown value 7" in (error.details() or "")
         async with harness_with_aligner(frames=2) as h:
             assert (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
+
+    run(main())
+
+
+def test_without_an_aligner_timestamps_are_refused_before_any_work() -> None:
+    """FAILED_PRECONDITION comes before admission and preparation: no voice clone on the
+    speaker stage, no admitted stream, even at capacity (where it is still the answer, not
+    RESOURCE_EXHAUSTED: a retry could never succeed)."""
+
+    async def main() -> None:
+        async with Harness("base", frames=2, max_concurrent_streams=1) as h:
+            clone = tts_pb2.VoiceClone(ref_audio=wav_bytes(), x_vector_only=True)
+            cloned = request("Hi.", speaker="", clone=clone)
+            error = await expect_rpc_error(h.stub.Synthesize(cloned, timeout=5))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            call = h.stub.StreamingSynthesize(
+                iter([Message(config=request("", speaker="", clone=clone))]), timeout=5
+            )
+            error = await expect_rpc_error(call)
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            assert h.speaker.requests == [] and h.talker.requests == []
+            # At capacity (one stream held open), still FAILED_PRECONDITION.
+            held = h.stub.Synthesize(request("Hi.", speaker="", clone=clone, timestamps=0), timeout=5)
+            assert (await held.read()).WhichOneof("payload") == "metadata"
+            error = await expect_rpc_error(h.stub.Synthesize(cloned, timeout=5))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            held.cancel()
 
     run(main())
 
