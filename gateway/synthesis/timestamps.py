@@ -137,13 +137,13 @@ class Timestamper:
         time_remaining: float | None = None,
     ) -> None:
         """``unit``: the request's ``timestamps`` (WORD or CHARACTER); ``language``: its
-        language as planned ("auto" for none); ``builder``: the stream's response builder
+        language as planned ("auto" for none), sent as is (the aligner's word split reads it); ``builder``: the stream's response builder
         (where utterances are); ``ready``: the stream's response queue, which gets each
         ``timestamps`` response; ``sample_rate``: the native rate of the audio;
         ``time_remaining``: the client's deadline, in seconds from now (None: none)."""
         self.aligner = aligner
         self.unit = unit
-        self.language = "" if language == "auto" else language
+        self.language = language
         self.builder = builder
         self.ready = ready
         self.request_id = request_id

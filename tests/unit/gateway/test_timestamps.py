@@ -208,6 +208,20 @@ def test_synthesize_sends_one_timing_message_per_segment_after_its_audio() -> No
     run(main())
 
 
+def test_the_aligner_gets_the_request_s_language_as_planned() -> None:
+    """The gateway passes the language as planned ("auto" without one): the aligner's own word
+    split decides what "auto" means (one rule, in aligner_service.text)."""
+
+    async def main() -> None:
+        aligner = FakeAligner()
+        async with harness_with_aligner(aligner, frames=2) as h:
+            for language in ("", "Auto", "Chinese"):
+                [r async for r in h.stub.Synthesize(request("Hi there.", language=language), timeout=10)]
+        assert [r.language for r in aligner.requests] == ["auto", "auto", "chinese"]
+
+    run(main())
+
+
 def test_timings_follow_resampling() -> None:
     async def main() -> None:
         async with harness_with_aligner(frames=5) as h:
