@@ -1,6 +1,6 @@
 """GPU serving benchmark: the talker engine and the streaming decoder in one process, as served.
 
-Not run in CI and never run on this project's CPU machines; run it on a GPU host:
+Not run in CI nor on this project's CPU machines (first run on an H200: deploy/OPERATIONS.md); run it on a GPU host:
 
     python bench/gpu_serving.py --model /models/Qwen3-TTS-12Hz-1.7B-CustomVoice --speaker ryan \
         --concurrency 1,8,32,64 --requests 128 --json bench/results/gpu_h100_1b7.json

@@ -24,8 +24,25 @@ from .streaming import DecoderSession, SessionBatcher
 Check = tuple[str, Callable[[], dict[str, Any] | None]]
 
 
-def _tolerance(dtype: torch.dtype) -> float:
-    return 1e-4 if dtype == torch.float32 else 5e-2
+def graph_tolerance(dtype: torch.dtype, device: torch.device, tf32: bool) -> float:
+    """How far, relative to the audio's peak, the graph step may be from the solo eager step.
+
+    The two run different shapes (the graph pads to its bucket), so the kernels may differ:
+    float32 agrees to rounding on the CPU, but on CUDA with TF32 allowed (``tf32``: cuDNN's
+    default for convolutions) each product rounds its inputs to 10 mantissa bits, and padded
+    and unpadded shapes pick different algorithms. An H200 run of float32 buckets measured
+    1.3e-3 of the peak, which the CPU's 1e-4 would have refused (a needless fallback to eager).
+    A real fault (state not carried, a wrong row, a stale buffer) is off by the audio itself.
+    """
+    if dtype != torch.float32:
+        return 5e-2
+    if device.type == "cuda" and tf32:
+        return 1e-2
+    return 1e-4
+
+
+def _tf32_allowed() -> bool:
+    return bool(torch.backends.cudnn.allow_tf32 or torch.backends.cuda.matmul.allow_tf32)
 
 
 def verify_bucket(batcher: SessionBatcher, batch: int, frames: int, seed: int = 0) -> float:
@@ -50,7 +67,8 @@ def verify_bucket(batcher: SessionBatcher, batch: int, frames: int, seed: int = 
                 )
             scale = max(float(ref.abs().max()), 1e-3)
             worst = max(worst, float((out.float() - ref).abs().max()) / scale)
-    tolerance = _tolerance(next(decoder.parameters()).dtype)
+    weight = next(decoder.parameters())
+    tolerance = graph_tolerance(weight.dtype, weight.device, _tf32_allowed())
     if not worst <= tolerance:  # NaN fails too
         raise CheckFailedError(
             f"graph step of bucket (B={batch}, F={frames}) differs from eager by {worst:.3g} of the "

@@ -9,7 +9,7 @@ import torch
 from decoder_service.model import cuda_graphs
 from decoder_service.model.decoder import CodecDecoder
 from decoder_service.model.random_init import init_random_weights
-from decoder_service.model.self_check import start_batcher
+from decoder_service.model.self_check import graph_tolerance, start_batcher
 from decoder_service.model.streaming import DecoderSession
 from tests.helpers.decoder import small_config
 from tts_common.cuda_graphs import StepCapture
@@ -89,3 +89,34 @@ def test_the_decoder_model_info_says_how_it_steps(tmp_path: object) -> None:
 
     info = asyncio.run(load_and_ask())
     assert info.step_path == "emulated-graphs" and info.fallback_reason == ""  # type: ignore[attr-defined]
+
+
+@pytest.mark.parametrize(
+    ("dtype", "device", "tf32", "tolerance"),
+    [
+        (torch.float32, "cpu", True, 1e-4),  # the CPU has no TF32: rounding only
+        (torch.float32, "cuda", False, 1e-4),
+        (torch.float32, "cuda", True, 1e-2),  # an H200 measured 1.3e-3 here
+        (torch.bfloat16, "cuda", True, 5e-2),
+        (torch.bfloat16, "cpu", False, 5e-2),
+    ],
+)
+def test_the_tolerance_allows_what_the_device_rounds_and_no_more(
+    dtype: torch.dtype, device: str, tf32: bool, tolerance: float
+) -> None:
+    assert graph_tolerance(dtype, torch.device(device), tf32) == tolerance
+    assert graph_tolerance(dtype, torch.device(device), tf32) < 0.5  # a fault of the audio's size fails
+
+
+def test_a_tf32_sized_difference_still_fails_float32_on_the_cpu(
+    small: CodecDecoder, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    right = cuda_graphs.CudaGraphSteps.step
+
+    def off_by_tf32(self: object, *args: object) -> object:
+        wav, state = right(self, *args)  # type: ignore[arg-type]
+        return wav * (1 + 1.3e-3), state
+
+    monkeypatch.setattr(cuda_graphs.CudaGraphSteps, "step", off_by_tf32)
+    batcher, outcome = start_batcher(small, "auto", emulate=True, **BUCKETS)
+    assert batcher.graphs is None and "decoder.graph_vs_eager" in outcome.fallback_reason
