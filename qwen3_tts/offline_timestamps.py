@@ -79,12 +79,6 @@ class OfflineAligner:
         return [(u.text, u.char_start, u.char_end, float(s), float(e)) for u, (s, e) in zip(units, times)]
 
 
-def alignment_language(language: str) -> str:
-    """The aligner's language of a request's (lower case; "auto" and "" the whitespace split)."""
-    language = language.strip().lower()
-    return "" if language == "auto" else language
-
-
 def align_result(
     aligner: UtteranceAligner,
     result: OfflineResult,
@@ -94,15 +88,14 @@ def align_result(
     unit: Unit = "word",
 ) -> list[TimedSpan]:
     """The units of a synthesized request: each segment aligned alone (as the gateway does),
-    its units moved by the segment's offsets in the text and in the joined audio."""
+    its units moved by the segment's offsets in the text and in the joined audio.
+    ``language``: the request's, as it is (the aligner's word split reads its case and "auto")."""
     spans: list[TimedSpan] = []
     offset = 0
     for segment in result.segments:
         audio = result.wav[offset : offset + segment.num_samples]
         if audio.size:
-            units = aligner.align(
-                audio, sample_rate, text[segment.start : segment.end], alignment_language(language), unit
-            )
+            units = aligner.align(audio, sample_rate, text[segment.start : segment.end], language, unit)
             seconds = offset / sample_rate
             # the aligner's times come in 80 ms classes: the last can reach past the audio's end
             end_s = (offset + audio.size) / sample_rate
@@ -140,7 +133,6 @@ __all__ = [
     "OfflineAligner",
     "TimedSpan",
     "align_result",
-    "alignment_language",
     "timestamps_document",
     "write_timestamps",
 ]

@@ -94,10 +94,11 @@ def _clean(piece: Piece, *, split_cjk: bool) -> Iterator[Unit]:
 
 
 def word_units(text: str, language: str = "") -> list[Unit]:
-    """The official word split of ``text`` for ``language`` (case-insensitive; ``"japanese"`` and
-    ``"korean"`` have their own segmenters, anything else, ``""`` and ``"auto"`` included, is
-    split on whitespace)."""
-    lang = language.lower()
+    """The official word split of ``text`` for ``language`` (case and surrounding spaces ignored;
+    ``"japanese"`` and ``"korean"`` have their own segmenters, anything else, ``""`` and
+    ``"auto"`` included, is split on whitespace). The one place a language name becomes a word
+    split: callers (the gateway, the offline CLI) pass a request's language as it is."""
+    lang = language.strip().lower()
     if lang == "japanese":
         return [u for piece in japanese_pieces(text) for u in _clean(piece, split_cjk=False)]
     if lang == "korean":

@@ -2,9 +2,10 @@
 stream out (:mod:`gateway.synthesis.session` runs the stream once its configuration is
 accepted).
 
-The configuration's model (NOT_FOUND listing the served ones) -> admission -> the configuration
-validated against that model and its voice resolved -> a :class:`StreamingSession` given the
-utterance sequence, the response builder, the utterance cutter and (``timestamps``) the
+The configuration's model (NOT_FOUND listing the served ones) -> what this gateway can never
+serve refused (:meth:`~gateway.synthesis.context.SynthesisContext.check_request`) -> admission
+-> the configuration validated against that model and its voice resolved -> a
+:class:`StreamingSession` given the utterance sequence, the response builder, the utterance cutter and (``timestamps``) the
 timestamper it works with.
 """
 
@@ -49,6 +50,7 @@ class StreamedSynthesis:
         is its first message (``gateway.synthesis.text_cutter.read_config``), ``messages`` the
         rest (text, flush, cancel) until the client's half-close."""
         backend = self.models.get(config.model)
+        timestamps = self.context.check_request(config)
         with model_context(backend.name), self.admission.admit(received, backend):
             metrics.TEXT_STREAMS.labels(stage=STAGE).inc()
             try:
@@ -66,8 +68,10 @@ class StreamedSynthesis:
                     cutter=UtteranceCutter(*context.segment_size(backend, prepared)),
                     max_text_chars=context.config.max_text_chars,
                     idle_timeout=context.config.text_idle_timeout_seconds,
-                    timestamps=lambda queue: context.timestamper(
-                        config, prepared, builder, queue, request_id, time_remaining
+                    timestamps=lambda queue: (
+                        context.timestamper(config, prepared, builder, queue, request_id, time_remaining)
+                        if timestamps
+                        else None
                     ),
                 )
                 async for response in session.responses():

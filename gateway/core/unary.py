@@ -1,7 +1,9 @@
 """``Synthesize``, for any transport: a whole text in, one response stream out.
 
 The model its ``model`` names (:class:`~gateway.stages.models.ModelRegistry`; NOT_FOUND listing
-the served ones) -> admission (:mod:`.admission`) -> validation against that model and the voice
+the served ones) -> what this gateway can never serve refused
+(:meth:`~gateway.synthesis.context.SynthesisContext.check_request`: timestamps without an
+aligner stage) -> admission (:mod:`.admission`) -> validation against that model and the voice
 (:func:`gateway.synthesis.request.prepare`) -> the text cut into segments
 (:mod:`gateway.synthesis.segmentation`; one for a text that fits a talker request) -> the
 segments as consecutive utterances (:mod:`gateway.synthesis.utterances`, each ``Talker.Generate``
@@ -70,11 +72,16 @@ class UnarySynthesis:
         (OpenAI's ``speed``; 1.0 leaves the audio untouched)."""
         context = self.context
         backend = self.models.get(request.model)
+        asks_timings = context.check_request(request)
         with model_context(backend.name), self.admission.admit(received, backend):
             prepared = await context.prepare(backend, request, request_id, time_remaining, caller=caller)
             builder = prepared.responses(request_id, received, speed)
             ready: asyncio.Queue[Any] = asyncio.Queue()
-            timings = context.timestamper(request, prepared, builder, ready, request_id, time_remaining)
+            timings = (
+                context.timestamper(request, prepared, builder, ready, request_id, time_remaining)
+                if asks_timings
+                else None
+            )
             segmentation = await context.segmentation(backend, prepared)
             sequence = context.sequence(backend, prepared, time_remaining)
             plans = context.plans(segmentation, prepared, request_id)

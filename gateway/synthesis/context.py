@@ -74,6 +74,14 @@ class SynthesisContext:
             streamed_text=streamed_text,
         )
 
+    def check_request(self, request: tts_pb2.SynthesizeRequest) -> bool:
+        """The checks of a request (or a configuration) that need neither its model nor a stage,
+        made before it is admitted, so that a request this gateway can never serve costs no
+        admission, no voice lookup and no speaker-stage clone: its ``timestamps``
+        (:func:`~.timestamps.check_timestamps`; FAILED_PRECONDITION without an aligner stage).
+        Whether it asks for timestamps (then :meth:`timestamper`)."""
+        return check_timestamps(request.timestamps, self.aligner)
+
     def timestamper(
         self,
         request: tts_pb2.SynthesizeRequest,
@@ -82,13 +90,11 @@ class SynthesisContext:
         ready: asyncio.Queue[Any],
         request_id: str,
         time_remaining: float | None,
-    ) -> Timestamper | None:
+    ) -> Timestamper:
         """The timings of a stream whose request (or configuration) asks for ``timestamps``
-        (None if it does not; checked here: :func:`~.timestamps.check_timestamps`), put into
-        ``ready`` (the stream's response queue) as they come."""
-        if not check_timestamps(request.timestamps, self.aligner):
-            return None
-        assert self.aligner is not None  # checked
+        (:meth:`check_request` said so), put into ``ready`` (the stream's response queue) as
+        they come."""
+        assert self.aligner is not None, "check_request refuses timestamps without an aligner"
         return Timestamper(
             self.aligner,
             request.timestamps,

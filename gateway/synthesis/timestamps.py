@@ -137,13 +137,13 @@ class Timestamper:
         time_remaining: float | None = None,
     ) -> None:
         """``unit``: the request's ``timestamps`` (WORD or CHARACTER); ``language``: its
-        language as planned ("auto" for none); ``builder``: the stream's response builder
+        language as planned ("auto" for none), sent as is (the aligner's word split reads it); ``builder``: the stream's response builder
         (where utterances are); ``ready``: the stream's response queue, which gets each
         ``timestamps`` response; ``sample_rate``: the native rate of the audio;
         ``time_remaining``: the client's deadline, in seconds from now (None: none)."""
         self.aligner = aligner
         self.unit = unit
-        self.language = "" if language == "auto" else language
+        self.language = language
         self.builder = builder
         self.ready = ready
         self.request_id = request_id
@@ -253,33 +253,43 @@ def _internal_error(request_id: str) -> str:
     return f"the alignment failed with an internal error{where}; the details are in the server log"
 
 
-class _End:
-    """The utterance events ended."""
-
-
 async def with_timings(
     events: AsyncIterator[UtteranceEvent], queue: asyncio.Queue[Any]
 ) -> AsyncIterator[UtteranceEvent | tts_pb2.SynthesizeResponse]:
     """``events`` merged with the ``timestamps`` responses a :class:`Timestamper` puts in
-    ``queue``, each as soon as it is there (the events pumped by a task of their own)."""
+    ``queue``, each as soon as it is there.
 
-    async def pump() -> None:
-        try:
-            async for event in events:
-                queue.put_nowait(event)
-            queue.put_nowait(_End())
-        except Exception as exc:  # noqa: BLE001 - raised in order below
-            queue.put_nowait(exc)
-
-    task = asyncio.create_task(pump(), name="utterance events")
+    Pulled, not pumped: the next event is asked for only once the consumer has taken the
+    previous one, so a slow client paces the stages exactly as without timestamps (the
+    utterance sequence's lookahead bounds what runs ahead). While that one pending event is
+    awaited, a response that becomes ready goes out at once; one that is ready before an event
+    goes out first. Neither ever waits for the other: an alignment never delays audio."""
+    next_event: asyncio.Task[UtteranceEvent] | None = None
+    next_timing: asyncio.Task[Any] | None = None
     try:
-        while not isinstance(item := await queue.get(), _End):
-            if isinstance(item, BaseException):
-                raise item
-            yield item
+        while True:
+            while not queue.empty():
+                yield queue.get_nowait()
+            if next_event is None:
+                next_event = asyncio.ensure_future(anext(events))
+            if next_timing is None:
+                next_timing = asyncio.ensure_future(queue.get())
+            await asyncio.wait((next_event, next_timing), return_when=asyncio.FIRST_COMPLETED)
+            if next_timing.done():
+                timing, next_timing = next_timing.result(), None
+                yield timing
+            if next_event.done():
+                finished, next_event = next_event, None
+                try:
+                    event = finished.result()
+                except StopAsyncIteration:
+                    return
+                yield event
     finally:
-        task.cancel()
-        await asyncio.gather(task, return_exceptions=True)
+        for task in (next_event, next_timing):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
 
 
 def queued_responses(queue: asyncio.Queue[Any]) -> Sequence[tts_pb2.SynthesizeResponse]:

@@ -15,6 +15,7 @@ Routes:
   streamed in the requested format, or OpenAI's server-sent events (``stream_format: "sse"``),
   or one JSON body with the audio in base64, its timestamps and the summary
   (``stream_format: "json"``: for clients that want the audio and the word timings at once);
+  ``timestamps`` need one of the last two (400 with the plain audio body);
 * ``GET /v1/models`` and ``GET /v1/models/{id}`` — every served model with its type, size and
   capabilities;
 * ``/v1/audio/voices`` — list, register, read, change, export, import and delete voices
@@ -60,7 +61,7 @@ from .errors import count, error_responses, install_error_handlers
 from .formats import RESPONSE_FORMATS, SSE_MEDIA_TYPE
 from .limits import BodySizeLimit, RequestFraming
 from .openapi import install_openapi, speech_responses
-from .schemas import SpeechRequest
+from .schemas import SpeechRequest, check_speech_body
 from .speech import speech_request
 from .streaming import SynthesisResponse, audio_bytes, json_body, sse_events
 from .voices import VOICES_PATH, voices_router
@@ -103,6 +104,7 @@ class HttpApi:
     # --- routes ---------------------------------------------------------------------------------
     async def speech(self, body: Any, request: Request) -> Response:
         received = time.monotonic()
+        check_speech_body(body)
         request_id = request_id_of(request, body.request_id)
         where = f"POST /v1/audio/speech [{request_id}]"
         with request_context(request_id):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+from fastapi.exceptions import RequestValidationError
 from google.protobuf.descriptor import FieldDescriptor
 from pydantic import BaseModel, ConfigDict, Field, create_model, field_validator
 from pydantic_core import PydanticCustomError
@@ -90,8 +91,33 @@ class _SpeechRequestBase(ApiBody):
         "none",
         description="Word (or character) timings of the audio (SynthesizeRequest.timestamps): "
         "`speech.audio.timestamps` events (SSE, WebSocket), or in the body with stream_format `json`. "
-        "Needs the gateway's aligner stage (else 400, FAILED_PRECONDITION).",
+        "Needs stream_format `sse` or `json` (a plain audio body has no place for them: else 400 naming "
+        "both fields) and the gateway's aligner stage (else 400, FAILED_PRECONDITION).",
     )
+
+
+TIMED_STREAM_FORMATS = ("sse", "json")
+"""The ``stream_format`` values whose answer carries the timings."""
+
+
+def check_speech_body(body: _SpeechRequestBase) -> None:
+    """What one field of a ``POST /v1/audio/speech`` body requires of another (checked before
+    the request is admitted): ``timestamps`` need a ``stream_format`` that carries them (a
+    plain audio body would align every segment and throw the result away). 400 naming both
+    fields (``param``: ``timestamps``). Not for the WebSocket's config, whose messages carry
+    the timings whatever its ``stream_format``."""
+    if body.timestamps != "none" and body.stream_format not in TIMED_STREAM_FORMATS:
+        formats = " or ".join(f'"{name}"' for name in TIMED_STREAM_FORMATS)
+        raise RequestValidationError(
+            [
+                {
+                    "loc": ("body", "timestamps"),
+                    "msg": f'"{body.timestamps}" needs stream_format {formats} (stream_format '
+                    f'"{body.stream_format}" is the audio alone, with no place for the timings)',
+                    "type": "value_error",
+                }
+            ]
+        )
 
 
 _INT_RANGES = {
@@ -133,6 +159,7 @@ SpeechRequest: type[_SpeechRequestBase] = create_model(  # type: ignore[call-ove
 
 __all__ = [
     "SAMPLING_FIELDS",
+    "TIMED_STREAM_FORMATS",
     "TEXT_FEEDINGS",
     "TIMESTAMP_UNITS",
     "ApiBody",
@@ -140,4 +167,5 @@ __all__ = [
     "TextFeedingName",
     "TimestampsName",
     "VoiceRef",
+    "check_speech_body",
 ]

@@ -72,6 +72,20 @@ def test_character_mode_gives_every_letter_and_digit() -> None:
     assert all(text[u.char_start : u.char_end] == u.text for u in units)
 
 
+def test_a_request_s_language_is_read_here_as_it_comes() -> None:
+    """The one rule callers rely on (they pass a request's language as is): case and surrounding
+    spaces do not matter, and "auto" (no language) is "" (the whitespace split)."""
+    japanese = "私は東京に住んでいます。"
+    korean = "나는 서울에서 살아요"
+    for text, language in ((japanese, "japanese"), (korean, "korean")):
+        expected = split_units(text, language)
+        assert expected != split_units(text, "")  # the language's own segmenter
+        for spelling in (language.title(), language.upper(), f" {language} ", f"{language.title()}\n"):
+            assert split_units(text, spelling) == expected, spelling
+    for text in (japanese, "Hello there, it's 3 o'clock"):
+        assert split_units(text, "auto") == split_units(text, " Auto ") == split_units(text, "")
+
+
 def test_no_letters_or_digits_gives_no_units() -> None:
     for language in ("english", "chinese", "japanese", "korean"):
         assert split_units("  ... !? — ", language) == []

@@ -18,6 +18,7 @@ from websockets.asyncio.client import connect
 
 from gateway.transports.http.openapi import SpeechEvent, SpeechJsonBody
 from tests.helpers.fake_aligner import (
+    FakeAligner,
     fake_times,
     fake_units,
     harness_with_aligner,
@@ -179,7 +180,10 @@ def test_without_an_aligner_http_says_so_and_models_tell() -> None:
             sdk = client(h)
             try:
                 await sdk.audio.speech.create(
-                    model=h.model_name, input="Hi.", voice="vivian", extra_body={"timestamps": "word"}
+                    model=h.model_name,
+                    input="Hi.",
+                    voice="vivian",
+                    extra_body={"timestamps": "word", "stream_format": "json"},
                 )
             except openai.BadRequestError as exc:
                 assert "this server has no aligner stage" in str(exc)
@@ -233,5 +237,32 @@ def test_words_follow_speed_and_the_output_rate() -> None:
                 (segment["start_sample"] + segment["num_samples"]) / 16000,
             )
             assert inside and all(first <= w["start"] <= w["end"] <= last + 1e-9 for w in inside)
+
+    run(main())
+
+
+def test_timestamps_with_a_plain_audio_body_are_refused_naming_the_fields() -> None:
+    """A plain audio body has no place for timings: 400 naming ``timestamps`` and
+    ``stream_format``, before any stage (talker or aligner) is asked for anything."""
+
+    async def main() -> None:
+        aligner = FakeAligner()
+        async with harness_with_aligner(aligner, http=True, frames=2) as h:
+            for stream_format in ({}, {"stream_format": "audio"}):
+                try:
+                    await client(h).audio.speech.create(
+                        model=h.model_name,
+                        input="Hi there.",
+                        voice="vivian",
+                        response_format="pcm",
+                        extra_body={"timestamps": "word", **stream_format},
+                    )
+                except openai.BadRequestError as exc:
+                    error = exc.body if isinstance(exc.body, dict) else {}
+                    assert error.get("param") == "timestamps", exc.body
+                    assert "stream_format" in error.get("message", "") and "sse" in error["message"]
+                else:
+                    raise AssertionError("timestamps with a plain audio body were accepted")
+            assert h.talker.requests == [] and aligner.requests == []
 
     run(main())

@@ -8,6 +8,7 @@ the last unit sent whole named at a barge-in."""
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 
 import grpc
@@ -21,6 +22,7 @@ from gateway.stages.errors import StageError
 from gateway.synthesis import timestamps
 from gateway.synthesis.responses import OutputPlan, ResponseBuilder
 from gateway.synthesis.timestamps import Timestamper, queued_responses, timed_units
+from gateway.voice_library import NO_KEYS
 from tests.helpers.fake_aligner import (
     FakeAligner,
     fake_times,
@@ -29,6 +31,7 @@ from tests.helpers.fake_aligner import (
 )
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
 from tests.helpers.ports import free_port
+from tests.unit.gateway.test_validation import wav_bytes
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.text import estimate_tokens, segment_text
@@ -205,6 +208,20 @@ def test_synthesize_sends_one_timing_message_per_segment_after_its_audio() -> No
     run(main())
 
 
+def test_the_aligner_gets_the_request_s_language_as_planned() -> None:
+    """The gateway passes the language as planned ("auto" without one): the aligner's own word
+    split decides what "auto" means (one rule, in aligner_service.text)."""
+
+    async def main() -> None:
+        aligner = FakeAligner()
+        async with harness_with_aligner(aligner, frames=2) as h:
+            for language in ("", "Auto", "Chinese"):
+                [r async for r in h.stub.Synthesize(request("Hi there.", language=language), timeout=10)]
+        assert [r.language for r in aligner.requests] == ["auto", "auto", "chinese"]
+
+    run(main())
+
+
 def test_timings_follow_resampling() -> None:
     async def main() -> None:
         async with harness_with_aligner(frames=5) as h:
@@ -250,6 +267,36 @@ def test_a_slow_aligner_never_holds_back_audio() -> None:
             assert rest[-1].summary.num_samples == audio
 
     run(main())
+
+
+def test_a_slow_client_paces_the_stages_with_timestamps_on() -> None:
+    """The client's pace is the stages' pace: read slowly, the gateway starts no more segments
+    than the one being read and its lookahead (plus the one whose start the pull may be
+    awaiting), however fast the talker and the aligner are. Read in process, so no transport
+    buffer hides what the gateway itself holds."""
+
+    async def main() -> None:
+        async with harness_with_aligner(FakeAligner(), frames=4, segment_tokens=20, segment_lookahead=1) as h:
+            segments = len(segment_text(TEXT, 20, estimate_tokens))
+            assert segments > 5
+            per_segment = 4 * SAMPLES_PER_FRAME
+            responses = h.gateway.unary.synthesize(
+                request(), "slow-client", caller=NO_KEYS, received=time.monotonic()
+            )
+            produced_ahead = []
+            audio = 0
+            seen: list[str] = []
+            async for response in responses:
+                seen.append(str(response.WhichOneof("payload")))
+                audio += response.audio.num_samples
+                await asyncio.sleep(0.03)  # a slow reader; the fake talker is ~6x faster
+                read_whole = audio // per_segment
+                produced_ahead.append(len(h.talker.requests) - read_whole)
+            assert seen.count("timestamps") == segments and seen[-1] == "summary"
+        # Read, the current one, its lookahead, one more being pulled: never the whole text.
+        assert max(produced_ahead) <= 3, produced_ahead
+
+    run(main(), timeout=60)
 
 
 def test_an_aligner_failure_leaves_the_audio_and_says_so() -> None:
@@ -328,6 +375,33 @@ def test_without_an_aligner_timestamps_are_failed_precondition() -> None:
             assert "timestamps: unknown value 7" in (error.details() or "")
         async with harness_with_aligner(frames=2) as h:
             assert (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
+
+    run(main())
+
+
+def test_without_an_aligner_timestamps_are_refused_before_any_work() -> None:
+    """FAILED_PRECONDITION comes before admission and preparation: no voice clone on the
+    speaker stage, no admitted stream, even at capacity (where it is still the answer, not
+    RESOURCE_EXHAUSTED: a retry could never succeed)."""
+
+    async def main() -> None:
+        async with Harness("base", frames=2, max_concurrent_streams=1) as h:
+            clone = tts_pb2.VoiceClone(ref_audio=wav_bytes(), x_vector_only=True)
+            cloned = request("Hi.", speaker="", clone=clone)
+            error = await expect_rpc_error(h.stub.Synthesize(cloned, timeout=5))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            call = h.stub.StreamingSynthesize(
+                iter([Message(config=request("", speaker="", clone=clone))]), timeout=5
+            )
+            error = await expect_rpc_error(call)
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            assert h.speaker.requests == [] and h.talker.requests == []
+            # At capacity (one stream held open), still FAILED_PRECONDITION.
+            held = h.stub.Synthesize(request("Hi.", speaker="", clone=clone, timestamps=0), timeout=5)
+            assert (await held.read()).WhichOneof("payload") == "metadata"
+            error = await expect_rpc_error(h.stub.Synthesize(cloned, timeout=5))
+            assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
+            held.cancel()
 
     run(main())
 
