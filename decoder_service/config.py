@@ -34,11 +34,13 @@ class DecoderConfig:
     self-check before serving, falling back to eager on a failure (ERROR log, metric, reason in
     the model info); on = a failure stops the decoder; off = eager."""
     graph_memory: int = field(default=DEFAULT_GRAPH_MEMORY, metadata=flag(parse=parse_size))
-    """Bound on the device memory the CUDA graphs hold (pool and static buffers), e.g. 4GiB;
-    0 = no bound. Buckets are captured smallest first while they fit; the rest run eagerly
-    (same audio, slower). The default keeps every bucket up to about 16 streams x 25 frames on an
-    H200 (all 42 buckets measured 7.7 GiB in bfloat16, 9.5 GiB in float32). Give the talker's
-    --other-stages-memory this bound plus the decoder's weights and context."""
+    """Bound on the device memory the CUDA graphs hold (pool and static inputs), e.g. 4GiB;
+    0 = no bound. Batch sizes are captured smallest first (every frames bucket of each) while
+    they fit; a larger group of streams then runs as several captured steps (same audio). All 42
+    default buckets measured 7.7 GiB (bfloat16) / 9.5 GiB (float32) on an H200, mostly the
+    largest batches' activations; 4 GiB keeps batch sizes up to about 8 (float32) or 16
+    (bfloat16), where those steps are already compute-bound. The talker's
+    --other-stages-memory must count this bound (deploy/OPERATIONS.md)."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (eager replays on the static buffers; tests)."""
 

@@ -11,14 +11,16 @@ loading, before health reports SERVING), largest bucket first, through
 
 **Bounded memory** (``memory_bound``, the decoder's ``--graph-memory``). An H200 run of the
 release decoder held 7.7 GiB (bfloat16) / 9.5 GiB (float32) for all 42 default buckets, most of it
-the activations of the largest buckets. With a bound, buckets are captured smallest first (by
-rows x frames: the small, launch-bound steps are where a graph pays; the large ones are
-compute-bound, 80-110 ms a chunk on that H200) while the memory held stays within the bound; a
-bucket that would not fit is not captured and its steps run eagerly at the same padded shape
-(exact: the same ``CodecDecoder.step`` with ``lengths``). What a bucket will hold is predicted
-before its capture from its *counted* bytes (static inputs, and outputs: new state and audio),
-scaled on CUDA by the ratio measured so far between the pool's growth and the counted bytes
-(activations); in emulation nothing else is held, so the count is the measure.
+the activations of the largest batches. With a bound, whole batch sizes (every frames bucket of
+one batch size) are captured smallest first while what the graphs hold stays within the bound;
+the larger batch sizes are dropped from the buckets (:attr:`CudaGraphSteps.batch_buckets`), so
+``SessionBatcher`` runs a larger group as several captured steps (rows are independent: exact),
+never as an eager step whose activations would escape the bound. On that H200 the large steps are
+compute-bound (8x25 frames 26 ms, 32x25 91 ms, float32), so splitting 32 streams into groups of 8
+costs about 15% of those steps' time. What a batch size will hold is predicted before its capture:
+its *counted* bytes (static inputs; outputs: new state and audio), and on CUDA at least the
+previous batch size's measured pool growth scaled by the batch ratio (activations grow with the
+batch); in emulation nothing else is held, so the count is the measure.
 """
 
 from __future__ import annotations
@@ -85,8 +87,8 @@ class _Bucket:
 
 
 class CudaGraphSteps:
-    """One captured step per (batch, frames) bucket that fits ``memory_bound`` (all of them
-    without a bound), all captured at construction; the other buckets' steps run eagerly."""
+    """One captured step per (batch, frames) bucket, all captured at construction; with
+    ``memory_bound`` only the batch sizes that fit (see the module docstring)."""
 
     def __init__(
         self,
@@ -102,95 +104,98 @@ class CudaGraphSteps:
             raise ValueError(f"memory_bound must be >= 0 bytes, not {memory_bound}")
         self.decoder = decoder
         self.memory_bound = memory_bound
-        shapes = [(b, n) for b in batch_buckets for n in frame_buckets]
-        if memory_bound is None:  # largest first: the first capture sizes the pool
-            shapes.sort(key=lambda s: (-s[0] * s[1], s))
-        else:  # smallest first: keep the launch-bound buckets (see the module docstring)
-            shapes.sort(key=lambda s: (s[0] * s[1], s))
+        batches, frames = sorted(set(batch_buckets)), sorted(set(frame_buckets))
         self._shared: dict[int, _BatchBuffers] = {}
         self._buckets: dict[tuple[int, int], _Bucket] = {}
         self.captured: dict[str, CapturedStep[tuple[Tensor, State]]] = {}
-        self.skipped: list[tuple[int, int]] = []
-        """Buckets not captured (they would not fit ``memory_bound``): their steps run eagerly."""
-        self.static_bytes = 0
-        """Device memory of the captured buckets' static inputs (outside the graphs' pool)."""
+        self.batch_buckets: tuple[int, ...] = ()
+        """The batch sizes captured (every frames bucket of each)."""
+        self.left_out: tuple[int, ...] = ()
+        """Batch sizes not captured (over ``memory_bound``): their groups run as smaller steps."""
         self.held_bytes = 0
-        """What the captured buckets hold: static inputs plus the pool's growth (CUDA) or the
-        static outputs (emulated). ``memory_bound`` bounds this."""
-        row_state = _nbytes(decoder.init_state(1))
+        """What the graphs hold: static inputs plus the pool's growth (CUDA) or the static
+        outputs (emulated). ``memory_bound`` bounds it."""
         capture = StepCapture(decoder.device, mode)
         report = CaptureReport(mode)
         t0 = time.perf_counter()
         before = capture.reserved_bytes()
         if mode == "cuda":
             torch.cuda.reset_peak_memory_stats(decoder.device)
-        counted = 0  # the captured buckets' counted bytes (static inputs and outputs)
+        row_state = _nbytes(decoder.init_state(1))
+        spf = decoder.samples_per_frame
         with torch.inference_mode():
-            for b, n in shapes:
-                static = b * (decoder.num_quantizers * n + 1) * 8  # codes, lengths
-                if b not in self._shared:
-                    static += b * (row_state + 8)  # the batch's shared state and positions
-                cost = static + b * row_state + b * n * decoder.samples_per_frame * 4  # + outputs
-                scale = max(1.0, self.held_bytes / counted) if counted else 1.0
-                if memory_bound is not None and self.held_bytes + cost * scale > memory_bound:
-                    self.skipped.append((b, n))
-                    continue
-                if b not in self._shared:
-                    self._shared[b] = _BatchBuffers(decoder, b)
-                shared = self._shared[b]
-                bucket = self._buckets[(b, n)] = _Bucket(decoder, n, shared)
-                name = self._name((b, n))
-                self.captured[name] = capture.capture(name, bucket.run)
-                report.names.append(name)
-                counted += cost
-                self.static_bytes = sum(x.nbytes for x in self._shared.values()) + sum(
-                    x.codes.numel() * 8 + x.lengths.numel() * 8 for x in self._buckets.values()
-                )
-                if mode != "cuda":
-                    self.held_bytes = self.static_bytes + sum(
-                        _nbytes(c.outputs) for c in self.captured.values()
+            if memory_bound is None:  # largest first: the first capture sizes the pool
+                shapes = sorted(((b, n) for b in batches for n in frames), key=lambda s: (-s[0] * s[1], s))
+                self._capture(capture, report, shapes)
+                self.batch_buckets = tuple(batches)
+            else:
+                last: tuple[int, int] | None = None  # (batch, what capturing it added)
+                for i, b in enumerate(batches):
+                    counted = b * (2 * row_state + 8) + sum(
+                        b * ((decoder.num_quantizers * n + 1) * 8 + n * spf * 4) for n in frames
                     )
-                elif memory_bound is not None:  # measure: a sync and an empty_cache per capture
-                    self.held_bytes = self.static_bytes + max(0, capture.reserved_bytes() - before)
+                    predicted = counted if last is None else max(counted, last[1] * b // last[0])
+                    if self.held_bytes + predicted > memory_bound:
+                        self.left_out = tuple(batches[i:])
+                        break
+                    held = self.held_bytes
+                    self._capture(capture, report, [(b, n) for n in reversed(frames)])
+                    self.batch_buckets += (b,)
+                    self.held_bytes = self._held(capture, before)
+                    last = (b, self.held_bytes - held)
         if mode == "cuda":
             torch.cuda.synchronize(decoder.device)
             report.peak_bytes = max(0, torch.cuda.max_memory_reserved(decoder.device) - before)
         report.pool_bytes = max(0, capture.reserved_bytes() - before)
-        if mode == "cuda":
-            self.held_bytes = self.static_bytes + report.pool_bytes
+        self.held_bytes = self._held(capture, before)
         report.seconds = time.perf_counter() - t0
         self.report = report
         logger.info("decoder step: captured %s: %s", report.summary(), ", ".join(report.names))
         if memory_bound is not None:
-            logger.info("decoder graphs: %s", self.describe_bound())
-            if self.held_bytes > memory_bound:
-                logger.warning(
-                    "decoder graphs hold %.0f MiB, over --graph-memory %.0f MiB (the prediction was low)",
-                    self.held_bytes / 2**20,
-                    memory_bound / 2**20,
-                )
+            log = logger.warning if self.held_bytes > memory_bound or not self.captured else logger.info
+            log("decoder graphs: %s", self.describe_bound())
+
+    @property
+    def static_bytes(self) -> int:
+        """Device memory of the static inputs (outside the graphs' pool): count it with the pool."""
+        return sum(x.nbytes for x in self._shared.values()) + sum(
+            _nbytes(x.codes) + _nbytes(x.lengths) for x in self._buckets.values()
+        )
+
+    def _capture(self, capture: StepCapture, report: CaptureReport, shapes: list[tuple[int, int]]) -> None:
+        for b, n in shapes:
+            if b not in self._shared:
+                self._shared[b] = _BatchBuffers(self.decoder, b)
+            bucket = self._buckets[(b, n)] = _Bucket(self.decoder, n, self._shared[b])
+            name = self._name((b, n))
+            self.captured[name] = capture.capture(name, bucket.run)
+            report.names.append(name)
+
+    def _held(self, capture: StepCapture, before: int) -> int:
+        if capture.mode == "cuda":  # a sync and an empty_cache: startup only
+            return self.static_bytes + max(0, capture.reserved_bytes() - before)
+        return self.static_bytes + sum(_nbytes(c.outputs) for c in self.captured.values())
 
     def describe_bound(self) -> str:
         """What the bound let in, for logs and ``doctor``."""
         bound = "no bound" if self.memory_bound is None else f"bound {format_bytes(self.memory_bound)}"
-        eager = ", ".join(f"{b}x{n}" for b, n in self.skipped) or "none"
-        return (
-            f"{len(self.captured)} of {len(self.captured) + len(self.skipped)} buckets captured in "
-            f"{format_bytes(self.held_bytes)} ({bound}); eager: {eager}"
-        )
+        kept = ",".join(map(str, self.batch_buckets)) or "none"
+        out = f"batch sizes {kept} captured ({len(self.captured)} buckets) in {format_bytes(self.held_bytes)} ({bound})"
+        if self.left_out:
+            how = f"as groups of {self.batch_buckets[-1]}" if self.batch_buckets else "eagerly"
+            out += f"; batch sizes {','.join(map(str, self.left_out))} left out (run {how})"
+        return out
 
     @staticmethod
     def _name(shape: tuple[int, int]) -> str:
         return f"decoder[B={shape[0]},F={shape[1]}]"
 
     def step(self, codes: Tensor, positions: Tensor, lengths: Tensor, state: State) -> tuple[Tensor, State]:
-        """Same contract as ``CodecDecoder.step`` (``lengths`` required): the captured graph of
-        the shape's bucket, or the eager step for a bucket left out by the memory bound."""
+        """Same contract as ``CodecDecoder.step`` (``lengths`` required; the shape must be a
+        captured bucket)."""
         shape = (int(codes.shape[0]), int(codes.shape[-1]))
         bucket = self._buckets.get(shape)
         if bucket is None:
-            if shape in self.skipped:
-                return self.decoder.step(codes, positions, lengths, state)
             raise ValueError(f"no graph was captured for (batch, frames) = {shape}")
         bucket.codes.copy_(codes)
         bucket.positions.copy_(positions)

@@ -261,7 +261,7 @@ class SessionBatcher:
     (``cuda_graphs.CudaGraphSteps``: one memory pool, largest first). ``emulate_cuda_graphs`` runs
     that same graph path on any device with eager replays (CPU tests of the bookkeeping); otherwise
     CPU steps run eagerly. ``graph_memory`` (bytes; None = no bound) bounds what the graphs hold:
-    buckets that do not fit are not captured and run eagerly at their padded shape.
+    the batch sizes that do not fit are dropped from ``batch_buckets`` (larger groups split).
     """
 
     def __init__(
@@ -294,6 +294,10 @@ class SessionBatcher:
             self.graphs = CudaGraphSteps(
                 decoder, self.batch_buckets, self.frame_buckets, mode, memory_bound=graph_memory
             )
+            if not self.graphs.batch_buckets:  # nothing fits the bound: eager (logged there)
+                self.graphs = None
+            else:  # larger groups run as several captured steps
+                self.batch_buckets = self.graphs.batch_buckets
 
     def advance(self, sessions: Sequence[DecoderSession], chunks: Sequence[CodesLike]) -> list[Tensor]:
         """Same contract as :func:`advance_sessions`."""

@@ -48,7 +48,7 @@ def _captured_shapes(graphs: CudaGraphSteps) -> set[tuple[int, int]]:
 
 
 def test_the_emulated_count_is_the_static_inputs_and_outputs(unbounded: CudaGraphSteps) -> None:
-    assert unbounded.skipped == [] and _captured_shapes(unbounded) == SHAPES
+    assert unbounded.left_out == () and _captured_shapes(unbounded) == SHAPES
     shared = {id(b.state): b for b in unbounded._buckets.values()}
     inputs = sum(_bytes(b.state) + _bytes(b.positions) for b in shared.values()) + sum(
         _bytes(b.codes) + _bytes(b.lengths) for b in unbounded._buckets.values()
@@ -60,31 +60,32 @@ def test_the_emulated_count_is_the_static_inputs_and_outputs(unbounded: CudaGrap
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fraction=st.floats(0.0, 1.2), more=st.floats(0.0, 0.5))
-def test_the_bound_holds_keeps_small_buckets_and_grows_monotonically(
+def test_the_bound_holds_keeps_the_small_batches_and_grows_monotonically(
     small: CodecDecoder, unbounded: CudaGraphSteps, fraction: float, more: float
 ) -> None:
     bound = int(unbounded.held_bytes * fraction)
     graphs = CudaGraphSteps(small, BUCKETS["batch_buckets"], BUCKETS["frame_buckets"], "emulated", bound)
-    captured = _captured_shapes(graphs)
     assert graphs.held_bytes <= bound
-    assert captured | set(graphs.skipped) == SHAPES and not captured & set(graphs.skipped)
-    assert len(graphs.report.names) == len(captured)
+    # whole batch sizes, smallest first: a prefix of the batch buckets, every frames bucket of each
+    batches = BUCKETS["batch_buckets"]
+    assert graphs.batch_buckets + graphs.left_out == batches
+    assert _captured_shapes(graphs) == {
+        (b, f) for b in graphs.batch_buckets for f in BUCKETS["frame_buckets"]
+    }
+    assert len(graphs.report.names) == len(graphs.captured) == len(_captured_shapes(graphs))
     if fraction >= 1:
-        assert captured == SHAPES
-    # smallest first: no captured bucket is larger (rows x frames) than the smallest left out
-    if captured and graphs.skipped:
-        assert min(b * f for b, f in graphs.skipped) >= min(b * f for b, f in captured)
-        assert (1, 2) in captured or graphs.held_bytes == 0
+        assert graphs.batch_buckets == batches
     larger = CudaGraphSteps(
         small, BUCKETS["batch_buckets"], BUCKETS["frame_buckets"], "emulated", int(bound * (1 + more))
     )
-    assert _captured_shapes(larger) >= captured
+    assert set(larger.batch_buckets) >= set(graphs.batch_buckets)
+    if graphs.left_out:  # the next batch size would not have fitted
+        assert larger.held_bytes > bound or larger.batch_buckets == graphs.batch_buckets
 
 
-def test_zero_bound_captures_nothing_and_runs_every_step_eagerly(small: CodecDecoder) -> None:
+def test_zero_bound_captures_nothing_and_runs_eagerly(small: CodecDecoder) -> None:
     batcher = SessionBatcher(small, emulate_cuda_graphs=True, graph_memory=0, **BUCKETS)  # type: ignore[arg-type]
-    assert batcher.graphs is not None and not batcher.graphs.captured and batcher.graphs.held_bytes == 0
-    assert "0 of 6 buckets captured" in batcher.graphs.describe_bound()
+    assert batcher.graphs is None and batcher.batch_buckets == BUCKETS["batch_buckets"]
     codes = torch.randint(0, small.config.codebook_size, (9, small.num_quantizers))
     session = DecoderSession(small)
     out = torch.cat(batcher.advance([session], [codes[:4]]) + batcher.advance([session], [codes[4:]]))
@@ -96,7 +97,8 @@ def test_zero_bound_captures_nothing_and_runs_every_step_eagerly(small: CodecDec
 def test_bounded_streams_equal_the_whole_utterance_decode(
     small: CodecDecoder, unbounded: CudaGraphSteps, data: st.DataObject, seed: int, fraction: float
 ) -> None:
-    """Captured and left-out buckets mixed: every stream still equals its whole-utterance decode."""
+    """Groups larger than the captured batch sizes split: every stream still equals its
+    whole-utterance decode, and only captured steps ran."""
     batcher = SessionBatcher(
         small,
         emulate_cuda_graphs=True,
@@ -104,7 +106,8 @@ def test_bounded_streams_equal_the_whole_utterance_decode(
         **BUCKETS,  # type: ignore[arg-type]
     )
     graphs = batcher.graphs
-    assert graphs is not None
+    assert graphs is not None and batcher.batch_buckets == graphs.batch_buckets
+    replays_before = sum(c.replays for c in graphs.captured.values())
     gen = torch.Generator().manual_seed(seed)
     n_streams = data.draw(st.integers(1, 4), label="streams")
     codes = [
@@ -123,6 +126,8 @@ def test_bounded_streams_equal_the_whole_utterance_decode(
         for i, out in zip(active, outs):
             audio[i].append(out)
             pos[i] += sizes[i]
+    if any(pos):  # every step replayed a graph (larger groups split into captured batch sizes)
+        assert sum(c.replays for c in graphs.captured.values()) > replays_before
     for i in range(n_streams):
         if pos[i]:
             whole = small.decode(codes[i][: pos[i]])
@@ -132,12 +137,13 @@ def test_bounded_streams_equal_the_whole_utterance_decode(
 def test_self_check_passes_and_checks_the_captured_buckets_only(
     small: CodecDecoder, unbounded: CudaGraphSteps
 ) -> None:
-    bound = unbounded.held_bytes // 3
+    bound = unbounded.held_bytes // 2
     batcher, outcome = start_batcher(small, "on", emulate=True, graph_memory=bound, **BUCKETS)
     assert outcome.fallback_reason == "" and batcher.graphs is not None
-    assert batcher.graphs.skipped and batcher.graphs.captured
+    assert batcher.graphs.left_out and batcher.graphs.captured
     checked = {tuple(s) for c in outcome.report.checks for s in (c.details or {}).get("buckets", [])}
     assert checked and checked <= _captured_shapes(batcher.graphs)
+    assert "left out (run as groups of" in batcher.graphs.describe_bound()
 
 
 def test_graph_memory_flag() -> None:
