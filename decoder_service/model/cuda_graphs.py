@@ -146,8 +146,9 @@ class CudaGraphSteps:
         if mode == "cuda":
             torch.cuda.synchronize(decoder.device)
             report.peak_bytes = max(0, torch.cuda.max_memory_reserved(decoder.device) - before)
-        report.pool_bytes = max(0, capture.reserved_bytes() - before)
         self.held_bytes = self._held(capture, before)
+        # the static inputs are allocated during the loop (outside the pool): report the pool alone
+        report.pool_bytes = max(0, self.held_bytes - self.static_bytes) if mode == "cuda" else 0
         report.seconds = time.perf_counter() - t0
         self.report = report
         logger.info("decoder step: captured %s: %s", report.summary(), ", ".join(report.names))
@@ -172,8 +173,8 @@ class CudaGraphSteps:
             report.names.append(name)
 
     def _held(self, capture: StepCapture, before: int) -> int:
-        if capture.mode == "cuda":  # a sync and an empty_cache: startup only
-            return self.static_bytes + max(0, capture.reserved_bytes() - before)
+        if capture.mode == "cuda":  # the growth holds the static inputs too; a sync and an empty_cache
+            return max(self.static_bytes, capture.reserved_bytes() - before)
         return self.static_bytes + sum(_nbytes(c.outputs) for c in self.captured.values())
 
     def describe_bound(self) -> str:
