@@ -7,10 +7,14 @@ the gateway itself holds."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import AsyncIterator
 
+import pytest
+
 from gateway.voice_library import NO_KEYS
+from tests.helpers.fake_aligner import FakeAligner, harness_with_aligner
 from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, run
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 
@@ -22,10 +26,12 @@ FRAMES = 4
 """Frames per utterance (the fake talker's): two decoder chunks of two frames each."""
 
 
-def config() -> tts_pb2.SynthesizeRequest:
+def config(timings: bool = False) -> tts_pb2.SynthesizeRequest:
     return tts_pb2.SynthesizeRequest(
         request_id="paced",
         speaker="Vivian",
+        language="English",
+        timestamps=tts_pb2.TIMESTAMP_UNIT_WORD if timings else tts_pb2.TIMESTAMP_UNIT_UNSPECIFIED,
         output=tts_pb2.AudioFormat(encoding=tts_pb2.AUDIO_ENCODING_FLOAT32),
         streaming=tts_pb2.StreamingOptions(first_chunk_frames=2, max_chunk_frames=2),
     )
@@ -49,10 +55,27 @@ class Client:
             yield message
 
 
-def start(h: Harness, client: Client) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
+def harness(
+    timings: bool, aligner: FakeAligner | None = None
+) -> contextlib.AbstractAsyncContextManager[Harness]:
+    """Fake stages several times faster than the test's reader; with ``timings``, an aligner."""
+    if timings:
+        return harness_with_aligner(aligner, frames=FRAMES, segment_lookahead=1)
+    return Harness(frames=FRAMES, segment_lookahead=1)
+
+
+def start(h: Harness, client: Client, timings: bool = False) -> AsyncIterator[tts_pb2.SynthesizeResponse]:
     return h.gateway.streamed.synthesize(
-        config(), client.messages(), "paced", caller=NO_KEYS, received=time.monotonic()
+        config(timings), client.messages(), "paced", caller=NO_KEYS, received=time.monotonic()
     )
+
+
+async def next_not_timings(
+    responses: AsyncIterator[tts_pb2.SynthesizeResponse],
+) -> tts_pb2.SynthesizeResponse:
+    while (response := await asyncio.wait_for(anext(responses), 2)).HasField("timestamps"):
+        pass
+    return response
 
 
 def every_sentence(client: Client) -> None:
@@ -68,46 +91,52 @@ async def eventually(condition: object, timeout: float = 5.0) -> None:
         await asyncio.sleep(0.01)
 
 
-def test_a_slow_reader_paces_the_stages() -> None:
+@pytest.mark.parametrize("timings", [False, True], ids=["plain", "timestamps"])
+def test_a_slow_reader_paces_the_stages(timings: bool) -> None:
     """However fast the talker and the decoder, the gateway starts no more utterances than the
     one being read, its lookahead and the few whose audio it may hold for the reader."""
 
     async def main() -> None:
-        async with Harness(frames=FRAMES, segment_lookahead=1) as h:
+        async with harness(timings) as h:
             client = Client()
             every_sentence(client)
             client.done_writing()
             ahead = []
             ends = 0
             seen: list[str] = []
-            async for response in start(h, client):
+            async for response in start(h, client, timings):
                 seen.append(str(response.WhichOneof("payload")))
                 ends += response.HasField("utterance_end")
                 await asyncio.sleep(0.03)  # a slow reader; the fake stages are several times faster
                 ahead.append(len(h.talker.requests) - ends)
             assert seen.count("utterance_end") == len(SENTENCES) and seen[-1] == "summary"
             assert seen.count("audio") == 2 * len(SENTENCES)
-        # Unpaced, the talker has run every sentence before the reader is half way.
+            assert seen.count("timestamps") == (len(SENTENCES) if timings else 0)
+        # The one being read, the next one queued whole (QUEUED_AUDIO_CHUNKS: its two chunks),
+        # one generating plus the lookahead. Unpaced, the talker had run every sentence long
+        # before the reader was half way.
         assert max(ahead) <= 4, ahead
 
     run(main(), timeout=60)
 
 
-def test_a_barge_in_while_the_reader_lags_is_acknowledged_at_once() -> None:
+@pytest.mark.parametrize("timings", [False, True], ids=["plain", "timestamps"])
+def test_a_barge_in_while_the_reader_lags_is_acknowledged_at_once(timings: bool) -> None:
     """With audio held for a slow reader (the stages paused on it), a cancel is the very next
-    response; no audio of the stopped utterances follows it, and the stream goes on."""
+    response (but for timings); no audio of the stopped utterances follows it, and the stream
+    goes on."""
 
     async def main() -> None:
-        async with Harness(frames=FRAMES, segment_lookahead=1) as h:
+        async with harness(timings) as h:
             client = Client()
             every_sentence(client)
-            responses = start(h, client)
+            responses = start(h, client, timings)
             got = [await anext(responses) for _ in range(4)]  # metadata and some audio
             await asyncio.sleep(0.3)  # the stages run until the gateway stops taking audio
             assert len(h.talker.requests) < len(SENTENCES)
             client.write(CANCEL)
             await asyncio.sleep(0.05)  # the reader took the cancel
-            ack = await asyncio.wait_for(anext(responses), 2)
+            ack = await next_not_timings(responses)
             assert ack.HasField("utterance_end"), ack
             assert ack.utterance_end.finish_reason == tts_pb2.FINISH_REASON_CANCELLED
             sent = sum(r.audio.num_samples for r in got if r.HasField("audio"))
@@ -116,7 +145,7 @@ def test_a_barge_in_while_the_reader_lags_is_acknowledged_at_once() -> None:
             client.write(Message(text="Again."))
             client.done_writing()
             acks = [ack]
-            while (r := await asyncio.wait_for(anext(responses), 2)).HasField("utterance_end"):
+            while (r := await next_not_timings(responses)).HasField("utterance_end"):
                 acks.append(r)  # every other stopped utterance, none with audio sent
             assert all(a.utterance_end.finish_reason == tts_pb2.FINISH_REASON_CANCELLED for a in acks)
             rest = [r, *[r async for r in responses]]
@@ -125,6 +154,9 @@ def test_a_barge_in_while_the_reader_lags_is_acknowledged_at_once() -> None:
             assert sum(a.num_samples for a in audio) == FRAMES * SAMPLES_PER_FRAME
             end = [x.utterance_end for x in rest if x.HasField("utterance_end")]
             assert [e.finish_reason for e in end] == [tts_pb2.FINISH_REASON_EOS]
+            if timings:  # the utterance read whole before the cancel, and the one after it
+                assert sum(x.HasField("timestamps") for x in [*got, *acks, *rest]) >= 1
+                assert rest[-2].HasField("timestamps") and rest[-2].timestamps.index == end[0].index
             summary = rest[-1].summary
             assert summary.num_samples == sent + FRAMES * SAMPLES_PER_FRAME
         await eventually(lambda: h.talker.active == 0)
@@ -143,5 +175,31 @@ def test_a_reader_that_goes_away_while_the_stages_wait_ends_the_call() -> None:
             await asyncio.sleep(0.2)  # the stages wait for the reader
             await asyncio.wait_for(responses.aclose(), 5)  # type: ignore[attr-defined]
             await eventually(lambda: h.talker.active == 0 and h.gateway.admission.active == 0)
+
+    run(main(), timeout=60)
+
+
+def test_a_held_alignment_never_holds_the_audio() -> None:
+    """With the aligner answering nothing, every utterance's audio still reaches the slow reader
+    (the stages paced by it alone); the timings follow once the aligner answers, before the
+    summary."""
+
+    async def main() -> None:
+        aligner = FakeAligner()
+        aligner.gate = asyncio.Event()
+        async with harness(True, aligner) as h:
+            client = Client()
+            every_sentence(client)
+            client.done_writing()
+            responses = start(h, client, True)
+            ends = 0
+            while ends < len(SENTENCES):
+                response = await asyncio.wait_for(anext(responses), 2)
+                assert not response.HasField("timestamps")
+                ends += response.HasField("utterance_end")
+                await asyncio.sleep(0.01)
+            aligner.gate.set()
+            rest = [r async for r in responses]
+            assert [r.WhichOneof("payload") for r in rest] == ["timestamps"] * len(SENTENCES) + ["summary"]
 
     run(main(), timeout=60)
