@@ -28,7 +28,9 @@ Cancel: the reader stops every utterance not yet finished (their ``cancelled`` e
 sequence closes their pipelines, freeing the talker slots) and queues a cancel marker. When the
 generator reaches the marker it sends each stopped utterance's ``utterance_end`` (CANCELLED, the
 samples it had sent): the acknowledgement. Audio of a stopped utterance is dropped from the
-moment the reader saw the cancel, so none follows the acknowledgement.
+moment the reader saw the cancel, so none follows the acknowledgement. An utterance whose end
+the generator had not reached is not finished: if the sequence finished it as the reader saw
+the cancel (its end queued before the marker), the marker acknowledges it all the same.
 
 Timestamps: with a :class:`~gateway.synthesis.timestamps.Timestamper`, each utterance is aligned
 once its ``utterance_end`` is sent (its timings join the queue when ready, and go out between
