@@ -15,11 +15,22 @@ Three parts run side by side and meet in one queue, whose order is the response 
 * the response generator hands the audio, the utterance ends and the summary to the stream's
   :class:`~gateway.synthesis.responses.ResponseBuilder`.
 
+Backpressure: the queue holds at most :data:`QUEUED_AUDIO_CHUNKS` audio chunks; the pump awaits
+room before it takes the next event from the sequence, so a slow reader (gRPC or WebSocket)
+paces the stages: the sequence's lookahead bounds the utterances generated ahead of the one
+delivered, as for Synthesize, instead of the gateway buffering the whole audio. Only the pump
+ever waits for room, and only for audio: the reader's cancel markers and errors, the pump's
+utterance ends, end and errors, and the timings always go in at once, so nothing the reader or
+the aligner does waits for the client, and audio never waits for timings. Audio of a stopped
+utterance is dropped without taking room (or giving it back at once).
+
 Cancel: the reader stops every utterance not yet finished (their ``cancelled`` events: the
 sequence closes their pipelines, freeing the talker slots) and queues a cancel marker. When the
 generator reaches the marker it sends each stopped utterance's ``utterance_end`` (CANCELLED, the
 samples it had sent): the acknowledgement. Audio of a stopped utterance is dropped from the
-moment the reader saw the cancel, so none follows the acknowledgement.
+moment the reader saw the cancel, so none follows the acknowledgement. An utterance whose end
+the generator had not reached is not finished: if the sequence finished it as the reader saw
+the cancel (its end queued before the marker), the marker acknowledges it all the same.
 
 Timestamps: with a :class:`~gateway.synthesis.timestamps.Timestamper`, each utterance is aligned
 once its ``utterance_end`` is sent (its timings join the queue when ready, and go out between
@@ -67,6 +78,10 @@ from .utterances import (
 )
 
 logger = logging.getLogger(__name__)
+
+QUEUED_AUDIO_CHUNKS = 2
+"""Most audio chunks the response queue holds for its reader (see the module doc): enough to
+overlap the next chunk's arrival with sending one; the stages' own lookahead does the rest."""
 
 
 @dataclass(eq=False)
@@ -161,6 +176,8 @@ class StreamingSession:
         self._idle_timeout = idle_timeout
         self._last_activity = time.monotonic()
         self._out: asyncio.Queue[_Item] = asyncio.Queue()
+        self._audio_room = asyncio.Semaphore(QUEUED_AUDIO_CHUNKS)
+        """Free audio places in ``_out``: taken by the pump, given back as the generator takes audio."""
         self._timings = timestamps(self._out)
         self._plans: asyncio.Queue[UtterancePlan | None] = asyncio.Queue()
         self._utterances: list[_StreamedUtterance] = []
@@ -187,6 +204,7 @@ class StreamingSession:
                             metrics.CANCELLED_UTTERANCES.labels(stage=STAGE).inc()
                             yield await self._cancelled_end(utterance)
                 elif isinstance(item, UtteranceAudio):
+                    self._audio_room.release()
                     if self._utterances[item.index].cancelled.is_set():
                         continue
                     if self._timings is not None:
@@ -198,7 +216,9 @@ class StreamingSession:
                     utterance = self._utterances[item.index]
                     utterance.done = item
                     self._observe(item.talker_done)
-                    if not utterance.ended:
+                    # A stopped one (it may have finished as the reader saw the cancel, its end
+                    # still queued) is acknowledged at the cancel marker that follows.
+                    if not utterance.ended and not utterance.cancelled.is_set():
                         yield self._utterance_end(utterance, item.finish_reason)
                         if self._timings is not None:
                             self._timings.complete(utterance.index, utterance.text, utterance.text_start)
@@ -327,10 +347,24 @@ class StreamingSession:
         try:
             async with contextlib.aclosing(sequence.events(self._plan_source())) as events:
                 async for event in events:
+                    if isinstance(event, UtteranceAudio) and not await self._room_for(event):
+                        continue
                     self._out.put_nowait(event)
             self._out.put_nowait(_Finished())
         except Exception as exc:  # noqa: BLE001 - reported in order by responses()
             self._out.put_nowait(exc)
+
+    async def _room_for(self, audio: UtteranceAudio) -> bool:
+        """Wait for a place for ``audio`` in the response queue (backpressure); False, holding
+        none, if its utterance was stopped (before or while waiting): drop it."""
+        cancelled = self._utterances[audio.index].cancelled
+        if cancelled.is_set():
+            return False
+        await self._audio_room.acquire()
+        if cancelled.is_set():
+            self._audio_room.release()
+            return False
+        return True
 
     # --- responses ------------------------------------------------------------------------
     def _utterance_end(self, utterance: _StreamedUtterance, reason: int) -> tts_pb2.SynthesizeResponse:
@@ -355,4 +389,4 @@ class StreamingSession:
             metrics.STALLED_FRAMES.labels(stage=STAGE).inc(done.stalled_frames)
 
 
-__all__ = ["StreamingSession"]
+__all__ = ["QUEUED_AUDIO_CHUNKS", "StreamingSession"]
