@@ -131,8 +131,10 @@ class CudaGraphSteps:
             else:
                 last: tuple[int, int] | None = None  # (batch, what capturing it added)
                 for i, b in enumerate(batches):
-                    counted = b * (2 * row_state + 8) + sum(
-                        b * ((decoder.num_quantizers * n + 1) * 8 + n * spf * 4) for n in frames
+                    # the batch's shared state and positions; per frames bucket: codes, lengths,
+                    # and the outputs (a new state, the float32 audio)
+                    counted = b * (row_state + 8) + sum(
+                        b * ((decoder.num_quantizers * n + 1) * 8 + row_state + n * spf * 4) for n in frames
                     )
                     predicted = counted if last is None else max(counted, last[1] * b // last[0])
                     if self.held_bytes + predicted > memory_bound:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from decoder_service.config import DEFAULT_GRAPH_MEMORY, FLAGS, DecoderConfig, decoder_config_from_args
@@ -60,6 +60,12 @@ def test_the_emulated_count_is_the_static_inputs_and_outputs(unbounded: CudaGrap
 
 @settings(max_examples=8, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(fraction=st.floats(0.0, 1.2), more=st.floats(0.0, 0.5))
+@example(fraction=0.1, more=0.0)
+@example(fraction=0.2, more=0.1)
+@example(fraction=0.3, more=0.5)
+@example(fraction=0.5, more=0.2)
+@example(fraction=0.7, more=0.0)
+@example(fraction=0.9, more=0.3)
 def test_the_bound_holds_keeps_the_small_batches_and_grows_monotonically(
     small: CodecDecoder, unbounded: CudaGraphSteps, fraction: float, more: float
 ) -> None:
