@@ -7,11 +7,14 @@ import argparse
 from dataclasses import dataclass, field
 
 from tts_common.flags import NOT_A_FLAG, config_from_args, flag
+from tts_common.memory import parse_size
 from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.stage_main import StageModelConfig, stage_flags
 
 STAGE = "decoder"
 DEFAULT_PORT = 50053
+DEFAULT_GRAPH_MEMORY = 4 * 2**30
+"""``--graph-memory``'s default (see :attr:`DecoderConfig.graph_memory`)."""
 
 
 @dataclass
@@ -30,6 +33,14 @@ class DecoderConfig:
     """Replay one captured CUDA graph per (batch, frames) bucket (CUDA only): auto = capture and
     self-check before serving, falling back to eager on a failure (ERROR log, metric, reason in
     the model info); on = a failure stops the decoder; off = eager."""
+    graph_memory: int = field(default=DEFAULT_GRAPH_MEMORY, metadata=flag(parse=parse_size))
+    """Bound on the device memory the CUDA graphs hold (pool and static inputs), e.g. 4GiB;
+    0 = no bound. Batch sizes are captured smallest first (every frames bucket of each) while
+    they fit; a larger group of streams then runs as several captured steps (same audio). All 42
+    default buckets measured 7.7 GiB (bfloat16) / 9.5 GiB (float32) on an H200, mostly the
+    largest batches' activations; 4 GiB keeps batch sizes up to about 8 (float32) or 16
+    (bfloat16), where those steps are already compute-bound. The talker's
+    --other-stages-memory must count this bound (deploy/OPERATIONS.md)."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (eager replays on the static buffers; tests)."""
 
@@ -48,4 +59,11 @@ def decoder_config_from_args(model: StageModelConfig, args: argparse.Namespace) 
     return config_from_args(DecoderConfig, args, device=model.device, dtype=model.dtype)
 
 
-__all__ = ["DEFAULT_PORT", "FLAGS", "STAGE", "DecoderConfig", "decoder_config_from_args"]
+__all__ = [
+    "DEFAULT_GRAPH_MEMORY",
+    "DEFAULT_PORT",
+    "FLAGS",
+    "STAGE",
+    "DecoderConfig",
+    "decoder_config_from_args",
+]

@@ -144,7 +144,11 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         # before SERVING (--cuda-graphs: a failure falls back to eager, or stops the stage).
         t2 = time.monotonic()
         batcher, outcome = await self.compute.run(
-            start_batcher, self.decoder, self.config.cuda_graphs, self.config.emulate_cuda_graphs
+            start_batcher,
+            self.decoder,
+            self.config.cuda_graphs,
+            self.config.emulate_cuda_graphs,
+            graph_memory=self.config.graph_memory or None,
         )
         self.fallback_reason = outcome.fallback_reason
         t3 = time.monotonic()
@@ -154,9 +158,10 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
         self.batcher.start()
         if batcher.graphs is not None:
             logger.info(
-                "decoder graphs: %s, plus %.0f MiB of static inputs (state shared per batch size)",
+                "decoder graphs: %s, plus %.0f MiB of static inputs (state shared per batch size); %s",
                 batcher.graphs.report.summary(),
                 batcher.graphs.static_bytes / 2**20,
+                batcher.graphs.describe_bound(),
             )
         logger.info(
             "decoder startup: fingerprint %.1f s, weights %.1f s, graphs + self-check %.1f s (%s)",

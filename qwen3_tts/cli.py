@@ -503,8 +503,20 @@ def _add_doctor(sub: argparse._SubParsersAction) -> None:
     p.add_argument(
         "--decoder-frame-buckets", type=_int_list, metavar="N,N,...", help="default: the decoder server's"
     )
+    p.add_argument(
+        "--decoder-graph-memory",
+        type=_size,
+        metavar="SIZE",
+        help="the decoder's --graph-memory bound, e.g. 4GiB (0: no bound; default: the decoder server's)",
+    )
     p.add_argument("--json", type=Path, metavar="PATH", help="write the whole report as JSON")
     p.set_defaults(func=cmd_doctor)
+
+
+def _size(text: str) -> int:
+    from tts_common.memory import parse_size
+
+    return parse_size(text)
 
 
 def _int_list(text: str) -> tuple[int, ...]:
@@ -532,6 +544,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
         timed_steps=args.timed_steps,
         decoder_batch_buckets=args.decoder_batch_buckets,
         decoder_frame_buckets=args.decoder_frame_buckets,
+        decoder_graph_memory=args.decoder_graph_memory,
     )
     report = run_doctor(options)
     print(render(report))

@@ -66,6 +66,8 @@ class DoctorOptions:
     decoder_batch_buckets: tuple[int, ...] | None = None
     """None: the decoder server's buckets."""
     decoder_frame_buckets: tuple[int, ...] | None = None
+    decoder_graph_memory: int | None = None
+    """The decoder's ``--graph-memory`` (bytes, 0 = no bound); None: the decoder server's default."""
 
 
 @dataclass
@@ -276,6 +278,7 @@ def check_decoder(
     options: DoctorOptions, model_dir: Path, device: torch.device, dtype: torch.dtype, report: DoctorReport
 ) -> None:
     """Load the decoder, capture and check every bucket, time a chunk per bucket."""
+    from decoder_service.config import DEFAULT_GRAPH_MEMORY
     from decoder_service.model.loading import load_codec_decoder
     from decoder_service.model.self_check import graph_checks
     from decoder_service.model.streaming import DecoderSession, SessionBatcher
@@ -287,6 +290,8 @@ def check_decoder(
         buckets["batch_buckets"] = options.decoder_batch_buckets
     if options.decoder_frame_buckets:
         buckets["frame_buckets"] = options.decoder_frame_buckets
+    bound = DEFAULT_GRAPH_MEMORY if options.decoder_graph_memory is None else options.decoder_graph_memory
+    buckets["graph_memory"] = bound or None
 
     def load() -> dict[str, Any]:
         loaded["decoder"] = load_codec_decoder(model_dir, device, dtype)
@@ -298,10 +303,15 @@ def check_decoder(
     decoder = loaded["decoder"]
 
     def capture() -> dict[str, Any]:
-        loaded["batcher"] = SessionBatcher(
-            decoder, use_cuda_graphs=not emulate, emulate_cuda_graphs=emulate, **buckets
-        )
-        return {"mode": "emulated" if emulate else "cuda", "buckets": len(loaded["batcher"].graphs.captured)}
+        batcher = SessionBatcher(decoder, use_cuda_graphs=not emulate, emulate_cuda_graphs=emulate, **buckets)
+        if batcher.graphs is None:
+            raise CheckFailedError(f"no batch size fits --graph-memory {format_bytes(bound)}")
+        loaded["batcher"] = batcher
+        return {
+            "mode": "emulated" if emulate else "cuda",
+            "buckets": len(batcher.graphs.captured),
+            "graph_memory": batcher.graphs.describe_bound(),
+        }
 
     report.checks.append(run_check("decoder.capture", capture))
     batcher = loaded.get("batcher") or SessionBatcher(decoder, use_cuda_graphs=False, **buckets)
@@ -338,6 +348,13 @@ def check_decoder(
         "chunk_seconds": chunk,
         "realtime_streams": max(realtime.values(), default=0),
         "capture": graphs.report.summary() if graphs is not None else "",
+        "graph_memory": {
+            "bound_bytes": bound,
+            "held_bytes": graphs.held_bytes if graphs is not None else 0,
+            "captured_batch_buckets": list(graphs.batch_buckets) if graphs is not None else [],
+            "left_out_batch_buckets": list(graphs.left_out) if graphs is not None else [],
+            "summary": graphs.describe_bound() if graphs is not None else "",
+        },
     }
     report.memory["decoder_weights_bytes"] = _module_bytes(decoder)
     report.memory["decoder_graph_pool_bytes"] = graphs.report.pool_bytes if graphs is not None else 0
@@ -437,6 +454,8 @@ def render(report: DoctorReport) -> str:
         lines.append(
             f"decoder ({d['step_path']}): streams at real time: {d['realtime_streams']} ({len(d['chunk_seconds'])} buckets timed)"
         )
+        if d["graph_memory"]["summary"]:
+            lines.append(f"  graphs: {d['graph_memory']['summary']}")
     if report.memory:
         lines += [
             "",

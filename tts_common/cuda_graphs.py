@@ -145,7 +145,7 @@ class StepCapture:
         """Capture ``steps`` in the given order (callers pass largest first) and log the cost."""
         report = CaptureReport(self.mode)
         t0 = time.perf_counter()
-        before = self._reserved()
+        before = self.reserved_bytes()
         if self.mode == "cuda":
             torch.cuda.reset_peak_memory_stats(self.device)
         captured: dict[str, CapturedStep[T]] = {}
@@ -155,12 +155,12 @@ class StepCapture:
         if self.mode == "cuda":
             torch.cuda.synchronize(self.device)
             report.peak_bytes = max(0, torch.cuda.max_memory_reserved(self.device) - before)
-        report.pool_bytes = max(0, self._reserved() - before)
+        report.pool_bytes = max(0, self.reserved_bytes() - before)
         report.seconds = time.perf_counter() - t0
         logger.info("%s: captured %s: %s", what, report.summary(), ", ".join(report.names))
         return captured, report
 
-    def _reserved(self) -> int:
+    def reserved_bytes(self) -> int:
         """Device memory reserved by torch with no cached free blocks (0 when emulated): the
         difference across the captures is what they keep (the warm-up activations are freed)."""
         if self.mode != "cuda":

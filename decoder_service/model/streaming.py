@@ -260,7 +260,8 @@ class SessionBatcher:
     on cuda) replays one graph per (batch, frames) bucket, all captured here, at construction
     (``cuda_graphs.CudaGraphSteps``: one memory pool, largest first). ``emulate_cuda_graphs`` runs
     that same graph path on any device with eager replays (CPU tests of the bookkeeping); otherwise
-    CPU steps run eagerly.
+    CPU steps run eagerly. ``graph_memory`` (bytes; None = no bound) bounds what the graphs hold:
+    the batch sizes that do not fit are dropped from ``batch_buckets`` (larger groups split).
     """
 
     def __init__(
@@ -271,6 +272,7 @@ class SessionBatcher:
         use_cuda_graphs: bool | None = None,
         pad_to_buckets: bool | None = None,
         emulate_cuda_graphs: bool = False,
+        graph_memory: int | None = None,
     ) -> None:
         self.decoder = decoder
         self.batch_buckets = tuple(sorted(batch_buckets))
@@ -289,7 +291,13 @@ class SessionBatcher:
             from .cuda_graphs import CudaGraphSteps
 
             mode = "emulated" if emulate_cuda_graphs else "cuda"
-            self.graphs = CudaGraphSteps(decoder, self.batch_buckets, self.frame_buckets, mode)
+            self.graphs = CudaGraphSteps(
+                decoder, self.batch_buckets, self.frame_buckets, mode, memory_bound=graph_memory
+            )
+            if not self.graphs.batch_buckets:  # nothing fits the bound: eager (logged there)
+                self.graphs = None
+            else:  # larger groups run as several captured steps
+                self.batch_buckets = self.graphs.batch_buckets
 
     def advance(self, sessions: Sequence[DecoderSession], chunks: Sequence[CodesLike]) -> list[Tensor]:
         """Same contract as :func:`advance_sessions`."""

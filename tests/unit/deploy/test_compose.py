@@ -442,6 +442,36 @@ def test_commands_parse_with_the_real_process_flags(variant: tuple[str, dict[str
     assert talker_args.max_slots == int(talker_env["QWEN3TTS_TALKER_MAX_SLOTS"])
 
 
+def test_the_talker_plans_its_kv_cache_after_the_stages_on_its_gpu(
+    variant: tuple[str, dict[str, Any]],
+) -> None:
+    """One memory plan per GPU: where the decoder shares the talker's GPU (the defaults), the
+    talker's --other-stages-memory covers at least the decoder's graph bound plus its weights and
+    context (float32, 0.5 GiB each) and the other stages' CUDA contexts; on CPU it is 0. Moving
+    the talker to a GPU of its own is the operator's call (documented), not resolved here."""
+    name, model = variant
+    procs = processes(model)
+    args = {}
+    for service, (stage, _) in procs.items():
+        if stage in (*MODEL_STAGES, ALIGNER_STAGE):
+            svc = model["services"][service]
+            env = {k: v for k, v in (svc.get("environment") or {}).items() if v is not None}
+            args[stage] = process_args(stage, svc["command"][3:], env)
+    other = args["talker"].other_stages_memory
+    if name != "gpu":
+        assert other == 0
+        return
+    beside = [s for s in args if s != "talker"]
+    gpu = {
+        s: model["services"][s]["deploy"]["resources"]["reservations"]["devices"][0]["device_ids"]
+        for s in args
+    }
+    assert all(gpu[s] == gpu["talker"] for s in beside)  # the defaults share one GPU
+    graph_bound = args["decoder"].graph_memory
+    assert graph_bound > 0
+    assert other >= graph_bound + 2**30 + 2**29 * (len(beside) - 1)
+
+
 def test_model_dir_variable_switches_to_a_read_only_bind_mount() -> None:
     model = load_compose([COMPOSE_FILE], {"QWEN3TTS_MODEL_DIR": "/srv/Qwen3-TTS-12Hz-0.6B"})
     for name in MODEL_STAGES:

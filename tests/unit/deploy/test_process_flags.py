@@ -91,7 +91,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--linear": "auto",
         "--quantization": "none",
     },
-    "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto"},
+    "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto", "--graph-memory": 4 * 2**30},
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
     "aligner": {**MODEL, "--max-batch-size": 8, "--batch-wait-ms": 5.0, "--max-audio-seconds": 0.0},
 }
@@ -147,6 +147,7 @@ def test_environment_variables(stage: str) -> None:
         "--silence-threshold-dbfs": "-30",
         "--kv-memory": "7GiB",
         "--other-stages-memory": "3GiB",
+        "--graph-memory": "3GiB",
         "--linear": "torch",
         "--quantization": "int8",
     }

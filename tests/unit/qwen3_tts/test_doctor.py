@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from decoder_service.config import DEFAULT_GRAPH_MEMORY
 from qwen3_tts.cli import main
 from tests.helpers.talker import wrong_partial_index
 from tts_common.cuda_graphs import StepCapture
@@ -60,8 +61,33 @@ def test_doctor_passes_on_cpu_and_reports_everything(tmp_path: Path, capsys: pyt
         == plan["total_bytes"]
     )
     assert plan["slots"] == plan["kv_budget_bytes"] // plan["kv_bytes_per_slot"] > 0
+    graph_memory = report["decoder"]["graph_memory"]
+    assert graph_memory["bound_bytes"] == DEFAULT_GRAPH_MEMORY  # the decoder server's default
+    assert graph_memory["captured_batch_buckets"] == [1, 2] and graph_memory["left_out_batch_buckets"] == []
+    assert 0 < graph_memory["held_bytes"] <= DEFAULT_GRAPH_MEMORY
     out = capsys.readouterr().out
     assert "doctor: all checks passed" in out and "memory plan of cpu" in out
+    assert f"graphs: {graph_memory['summary']}" in out and "bound 4.00 GiB" in out
+
+
+def test_doctor_reports_what_fits_a_decoder_graph_bound(
+    tmp_path: Path, capsys: pytest.CaptureFixture
+) -> None:
+    """The fixture's decoder graphs hold ~0.15 MiB per batch-1 row of buckets (emulated count):
+    300 KiB fits batch size 1 only, 1 KiB nothing (a failed capture, named)."""
+    code, report = _doctor(tmp_path, "--decoder-graph-memory", "300KiB")
+    graph_memory = report["decoder"]["graph_memory"]
+    assert code == 0 and report["passed"], [c for c in report["checks"] if not c["passed"]]
+    assert graph_memory["bound_bytes"] == 300 * 2**10 and 0 < graph_memory["held_bytes"] <= 300 * 2**10
+    assert graph_memory["captured_batch_buckets"] == [1] and graph_memory["left_out_batch_buckets"] == [2]
+    assert set(report["decoder"]["chunk_seconds"]) == {"1x1", "1x3"}
+    assert "batch sizes 2 left out (run as groups of 1)" in capsys.readouterr().out
+
+    code, report = _doctor(tmp_path, "--decoder-graph-memory", "1KiB")
+    failed = {c["name"]: c["reason"] for c in report["checks"] if not c["passed"]}
+    assert code == 1 and list(failed) == ["decoder.capture"]
+    assert "no batch size fits --graph-memory" in failed["decoder.capture"]
+    assert report["decoder"]["step_path"] == "eager"
 
 
 def test_doctor_fails_naming_a_wrong_block_list(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
