@@ -309,8 +309,6 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
             ready=self.decoder is not None,
             device=self.config.device,
             dtype=self.config.dtype,
-            step_path=self.step_path,
-            fallback_reason=self.fallback_reason,
         )
 
     @handle_rpc_errors(stage="decoder")

@@ -68,37 +68,48 @@ async def collect(stub, request, timeout):
 def test_64_concurrent_streams_complete_or_are_refused(stack):
     talker_pid = stack.by_name["talker"].process.pid
 
-    async def run():
+    async def burst(stub) -> tuple[float, list[tuple[str, int]]]:
+        t0 = time.monotonic()
+        results = await asyncio.gather(
+            *[
+                collect(
+                    stub,
+                    tts_pb2.SynthesizeRequest(text=f"Request number {i}.", speaker="Ryan", sampling=SHORT),
+                    90,
+                )
+                for i in range(64)
+            ]
+        )
+        return time.monotonic() - t0, results
+
+    def check(elapsed: float, results: list[tuple[str, int]]) -> None:
+        statuses = [s for s, _ in results]
+        assert set(statuses) <= {"OK", "RESOURCE_EXHAUSTED"}, statuses
+        assert statuses.count("OK") >= 16
+        assert all(chunks > 0 for s, chunks in results if s == "OK")
+        assert elapsed < 90
+        assert wait_for(lambda: idle(stack), timeout=10)
+
+    async def run() -> list[float]:
         async with grpc.aio.insecure_channel(stack.address("gateway")) as ch:
             stub = tts_pb2_grpc.TextToSpeechStub(ch)
             await collect(
                 stub, tts_pb2.SynthesizeRequest(text="Warm up.", speaker="Ryan", sampling=SHORT), 60
             )
-            before = rss_mib(talker_pid)
-            t0 = time.monotonic()
-            results = await asyncio.gather(
-                *[
-                    collect(
-                        stub,
-                        tts_pb2.SynthesizeRequest(
-                            text=f"Request number {i}.", speaker="Ryan", sampling=SHORT
-                        ),
-                        90,
-                    )
-                    for i in range(64)
-                ]
-            )
-            return before, time.monotonic() - t0, results
+            rss = [rss_mib(talker_pid)]
+            for _ in range(2):
+                check(*await burst(stub))
+                rss.append(rss_mib(talker_pid))
+            return rss
 
-    before, elapsed, results = asyncio.run(run())
-    statuses = [s for s, _ in results]
-    assert set(statuses) <= {"OK", "RESOURCE_EXHAUSTED"}, statuses
-    assert statuses.count("OK") >= 16
-    assert all(chunks > 0 for s, chunks in results if s == "OK")
-    assert elapsed < 90
-    assert wait_for(lambda: idle(stack), timeout=10)
-    # Memory returns to (about) its idle level: static KV slots, nothing kept per request.
-    assert rss_mib(talker_pid) < before + 64
+    idle_rss, after_first, after_second = asyncio.run(run())
+    # The first burst runs batch sizes the warm-up did not, and their first use allocates state
+    # that is kept for the next (since the measured kernel choice: +74 MiB on the tiny checkpoint,
+    # then flat over four bursts: 540, 541, 528, 529 MiB); bounded, and only once.
+    assert after_first < idle_rss + 128
+    # Memory returns to (about) the level of the first burst: static KV slots, nothing kept per
+    # request, so a second burst adds nothing.
+    assert after_second < after_first + 32
 
 
 def test_deadline_and_disconnect_free_talker_and_decoder(stack):

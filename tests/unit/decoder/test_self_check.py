@@ -69,7 +69,7 @@ def test_off_and_cpu_are_eager_without_checks(small: CodecDecoder) -> None:
         start_batcher(small, "on", **BUCKETS)
 
 
-def test_the_decoder_model_info_says_how_it_steps(tmp_path: object) -> None:
+def test_the_decoder_model_info_says_how_it_steps_and_its_stats_answer(tmp_path: object) -> None:
     import asyncio
 
     from decoder_service.config import DecoderConfig
@@ -80,15 +80,18 @@ def test_the_decoder_model_info_says_how_it_steps(tmp_path: object) -> None:
         str(CKPT_DIR / "tiny_custom_voice_1b7"), DecoderConfig(emulate_cuda_graphs=True)
     )
 
-    async def load_and_ask() -> object:
+    async def load_and_ask() -> tuple[object, object]:
         await servicer.load()
         try:
-            return await servicer.GetModelInfo(None, None)  # type: ignore[arg-type]
+            info = await servicer.GetModelInfo(None, None)  # type: ignore[arg-type]
+            return info, await servicer.GetStats(None, None)  # type: ignore[arg-type]
         finally:
             await servicer.close()
 
-    info = asyncio.run(load_and_ask())
+    info, stats = asyncio.run(load_and_ask())
     assert info.step_path == "emulated-graphs" and info.fallback_reason == ""  # type: ignore[attr-defined]
+    # The load report (the gateway's routing and the reliability tests poll it) still answers.
+    assert stats.stage == "decoder" and stats.ready  # type: ignore[attr-defined]
 
 
 @pytest.mark.parametrize(
