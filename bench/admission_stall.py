@@ -13,7 +13,7 @@ weights, fixed-length runs: the EOS logit is zeroed):
 The script runs against whichever code it imports, so BEFORE/AFTER compare two checkouts side
 by side in one session, e.g.::
 
-    (cd /work/main && python /path/to/bench/admission_stall.py --json before.json)   # main
+    (cd /path/to/a/checkout/of/main && python /path/to/bench/admission_stall.py --json before.json)   # main
     python -m bench.admission_stall --json after.json                                 # this branch
 
 (``python -m`` from a checkout imports that checkout; a script path imports the installed one.)

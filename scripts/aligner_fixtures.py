@@ -1,8 +1,9 @@
 """Build tests/fixtures/aligner/: a tiny Qwen3-ForcedAligner checkpoint and the official outputs.
 
-Run in the OFFICIAL package's environment (qwen-asr 0.0.6, built by official-aligner-env.sh):
+Run in the OFFICIAL package's environment (``ORACLE_VENV``: a virtual environment with
+``pip install torch==2.13.0 qwen-asr==0.0.6``):
 
-    /work/team/aligner-venv/bin/python scripts/aligner_fixtures.py
+    $ORACLE_VENV/bin/python scripts/aligner_fixtures.py
 
 Writes
 * ``ckpt/``: the released layout (§12) at tiny widths: ``config.json`` (``thinker_config.model_type``

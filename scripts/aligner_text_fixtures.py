@@ -2,10 +2,12 @@
 ``Qwen3ForceAlignProcessor``: word split per language, ``fix_timestamp``), and an oracle the tests
 can query live.
 
-Run it with the official aligner environment's Python (``official-aligner-env.sh`` builds it):
+Run it with the Python of a virtual environment holding the official package (``ORACLE_VENV``:
+``pip install torch==2.13.0 qwen-asr==0.0.6``; set ``QWEN3TTS_ALIGNER_ORACLE_PYTHON`` to its Python
+for the live-oracle tests):
 
-    /work/team/aligner-venv/bin/python scripts/aligner_text_fixtures.py            # write fixtures
-    /work/team/aligner-venv/bin/python scripts/aligner_text_fixtures.py --serve    # JSON lines oracle
+    $ORACLE_VENV/bin/python scripts/aligner_text_fixtures.py            # write fixtures
+    $ORACLE_VENV/bin/python scripts/aligner_text_fixtures.py --serve    # JSON lines oracle
 
 It writes ``tests/fixtures/aligner/text_cases.json`` (texts, languages, official words) and
 ``repair_cases.json`` (raw millisecond values, official repaired values). Cases are hand-picked

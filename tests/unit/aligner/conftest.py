@@ -15,7 +15,9 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "aligner"
-ORACLE_PYTHON = os.environ.get("QWEN3TTS_ALIGNER_ORACLE_PYTHON", "/work/team/aligner-venv/bin/python")
+# The Python of a virtual environment holding the official package (qwen-asr==0.0.6 beside CPU
+# torch 2.13.0); unset, the live-oracle tests skip and the committed fixtures still run.
+ORACLE_PYTHON = os.environ.get("QWEN3TTS_ALIGNER_ORACLE_PYTHON", "")
 
 
 def load_cases(name: str) -> tuple[dict[str, Any], list[dict[str, Any]]]:
@@ -64,9 +66,9 @@ class Oracle:
 
 @pytest.fixture(scope="session")
 def official_oracle() -> Iterator[Oracle]:
-    if not Path(ORACLE_PYTHON).exists():
+    if not ORACLE_PYTHON or not Path(ORACLE_PYTHON).exists():
         pytest.skip(
-            f"no official aligner environment at {ORACLE_PYTHON} (QWEN3TTS_ALIGNER_ORACLE_PYTHON); "
+            f"no official aligner environment (QWEN3TTS_ALIGNER_ORACLE_PYTHON={ORACLE_PYTHON!r}); "
             "the recorded fixtures cover the same rules"
         )
     oracle = Oracle(ORACLE_PYTHON)
