@@ -137,10 +137,11 @@ class Timestamper:
         time_remaining: float | None = None,
     ) -> None:
         """``unit``: the request's ``timestamps`` (WORD or CHARACTER); ``language``: its
-        language as planned ("auto" for none), sent as is (the aligner's word split reads it); ``builder``: the stream's response builder
-        (where utterances are); ``ready``: the stream's response queue, which gets each
-        ``timestamps`` response; ``sample_rate``: the native rate of the audio;
-        ``time_remaining``: the client's deadline, in seconds from now (None: none)."""
+        language as planned ("auto" for none), sent as is (the aligner's word split reads it);
+        ``builder``: the stream's response builder (where utterances are); ``ready``: the
+        stream's response queue, which gets each ``timestamps`` response; ``sample_rate``: the
+        native rate of the audio; ``time_remaining``: the client's deadline, in seconds from now
+        (None: none)."""
         self.aligner = aligner
         self.unit = unit
         self.language = language
