@@ -76,12 +76,38 @@ class _ConnectionPool:
         try:
             conn.row_factory = sqlite3.Row
             await conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout_s * 1000)}")
-            await conn.execute("PRAGMA journal_mode = WAL")
+            await self._use_wal(conn)
             await conn.execute("PRAGMA synchronous = FULL")
         except BaseException:
             self.discard(conn)
             raise
         return conn
+
+    async def _use_wal(self, conn: aiosqlite.Connection) -> None:
+        """Switch the file to WAL (persistent: once per file), retrying while another holds a lock.
+
+        SQLite answers a journal-mode change it cannot lock for at once with "database is locked",
+        without calling the busy handler, so gateways starting together on a new file would fail
+        here; retry for as long as the busy timeout allows instead.
+        """
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + self._busy_timeout_s
+        delay_s = 0.005
+        while True:
+            try:
+                rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or loop.time() + delay_s > deadline:
+                    raise
+            else:
+                # A change that could not be made answers the mode in force instead of an error.
+                mode = str(next(iter(rows))[0]).lower() if rows else ""
+                if mode == "wal":
+                    return
+                if loop.time() + delay_s > deadline:
+                    raise sqlite3.OperationalError(f"the voice store cannot use WAL (journal mode {mode!r})")
+            await asyncio.sleep(delay_s)
+            delay_s = min(delay_s * 2, 0.1)
 
     async def acquire(self) -> aiosqlite.Connection:
         await self._slots.acquire()

@@ -170,6 +170,30 @@ def test_sqlite_file_that_cannot_be_opened(tmp_path: Path) -> None:
     run(main())
 
 
+def test_sqlite_gateways_starting_together_on_a_new_file_all_start(tmp_path: Path) -> None:
+    """Several connections switching one new file to WAL at once: SQLite answers some of them
+    "database is locked" at once, without waiting on its busy timeout (before the switch was
+    retried, four runs in four of this test failed); every library must start."""
+    trials = 100
+
+    async def main() -> None:
+        for trial in range(trials):
+            libraries = [
+                create_voice_library(tmp_path / f"voices-{trial}.db", VoiceLibraryConfig(timeout_s=5.0))
+                for _ in range(4)
+            ]
+            try:
+                await asyncio.gather(*(library.start() for library in libraries))
+            finally:
+                for library in libraries:
+                    await library.close()
+
+    run(main())
+    for trial in range(trials):
+        with contextlib.closing(sqlite3.connect(tmp_path / f"voices-{trial}.db")) as conn:
+            assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
 def test_only_the_database_being_unavailable_is_unavailable() -> None:
     """Transient failures (connection lost, shutdown, locked, out of resources) become UNAVAILABLE;
     a broken statement or constraint stays what it is (an INTERNAL bug report, not a retry)."""
