@@ -444,16 +444,8 @@ class TalkerEngine:
         out = self.scheduler.schedule()
         for request in out.aborted:
             request.finish(FinishReason.CANCELLED)
-        for request in out.prefill:
-            request.timing.prefill_start = time.monotonic()
-            try:
-                self.runner.prefill(request)
-            except Exception as exc:
-                logger.exception("prefill failed for %s", request.request_id)
-                self.scheduler.remove(request)
-                request.finish(FinishReason.ERROR, exc)
-                continue
-            request.timing.prefill_end = time.monotonic()
+        if out.prefill:
+            self._prefill(out.prefill)
         batch = [r for r in out.decode if not r.finished]
         if not batch:
             return
@@ -477,6 +469,34 @@ class TalkerEngine:
             request.sink(FrameEvent(index=request.frames_emitted, codes=codes))
         for request, reason in self.scheduler.update(batch, eos):
             request.finish(reason)
+
+    def _prefill(self, requests: list[EngineRequest]) -> None:
+        """Prefill the requests admitted this iteration together; if that fails, each alone, so
+        that only the request at fault ends (with its error)."""
+        start = time.monotonic()
+        for request in requests:
+            request.timing.prefill_start = start
+        try:
+            self.runner.prefill(requests)
+        except Exception as exc:
+            if len(requests) == 1:
+                self._prefill_failed(requests[0], exc)
+                return
+            logger.exception("prefill of %d requests together failed; prefilling each alone", len(requests))
+            for request in requests:
+                try:
+                    self.runner.prefill([request])
+                except Exception as exc:  # noqa: BLE001 - the request ends with its error
+                    self._prefill_failed(request, exc)
+        end = time.monotonic()
+        for request in requests:
+            if not request.finished:
+                request.timing.prefill_end = end
+
+    def _prefill_failed(self, request: EngineRequest, exc: Exception) -> None:
+        logger.exception("prefill failed for %s", request.request_id, exc_info=exc)
+        self.scheduler.remove(request)
+        request.finish(FinishReason.ERROR, exc)
 
 
 def _set_up(model: TalkerModel, config: EngineConfig) -> EngineConfig:

@@ -20,10 +20,12 @@ Two step paths, one step function (:func:`~talker_service.model.step.decode_step
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from ..model.sampling import RequestNoise, SamplingTensors, split_step_noise, step_noise_width
-from ..model.step import StepOutput, decode_step, prefill
+from ..model.step import StepOutput, decode_step, prefill_prompts
 from ..model.talker import KVCache, Talker
 from .config import EngineConfig
 from .cuda_graphs import GraphStep, graph_mode
@@ -72,22 +74,31 @@ class TalkerRunner:
         """Talker K+V bytes one slot holds (code-predictor caches are per step and tiny)."""
         return self.cache.max_len * kv_bytes_per_position(self.talker.cfg, self.dtype)
 
-    def prefill(self, request: EngineRequest) -> None:
-        """Write the request's prompt into its slot and choose code0 of frame 0."""
-        assert request.slot is not None and request.prompt is not None
-        request.noise = RequestNoise(
-            request.sampling,
-            self.talker.cfg.vocab_size,
-            self.cp_vocab,
-            self.cp_steps,
-            self.device,
-            steps_per_draw=self.config.noise_steps_per_draw,
-        )
-        params = SamplingTensors.stack([request.sampling], self.device)
-        noise = request.noise.talker() if request.sampling.do_sample else None
-        embeds = request.prompt.prefill.to(self.device, self.dtype)
-        state = prefill(self.talker, self.cache, request.slot, embeds, params, noise)
-        scatter_state(self.table, torch.tensor([request.slot], device=self.device), state)
+    def prefill(self, requests: Sequence[EngineRequest]) -> None:
+        """Write the prompts of ``requests`` (each in its slot) into the cache and choose code0
+        of frame 0 of each: few forwards for the whole group (:func:`forward_groups`, each
+        :func:`~talker_service.model.step.prefill_prompts`), with the group's sampling
+        parameters and noise stacked once and its slot-table rows written with one scatter."""
+        for request in requests:
+            assert request.slot is not None and request.prompt is not None
+            request.noise = RequestNoise(
+                request.sampling,
+                self.talker.cfg.vocab_size,
+                self.cp_vocab,
+                self.cp_steps,
+                self.device,
+                steps_per_draw=self.config.noise_steps_per_draw,
+            )
+        for rows in forward_groups([r.prompt_len for r in requests]):
+            group = [requests[i] for i in rows]
+            params = SamplingTensors.stack([r.sampling for r in group], self.device)
+            noise = None
+            if any(r.sampling.do_sample for r in group):
+                noise = torch.stack([r.noise.talker() for r in group])  # type: ignore[union-attr]
+            prompts = [r.prompt.prefill.to(self.device, self.dtype) for r in group]  # type: ignore[union-attr]
+            slots = [r.slot for r in group]
+            state = prefill_prompts(self.talker, self.cache, slots, prompts, params, noise)  # type: ignore[arg-type]
+            scatter_state(self.table, state.slots, state)  # type: ignore[arg-type]
 
     def move_slot(self, request: EngineRequest, src: int, dst: int) -> None:
         """The scheduler moved ``request`` from slot ``src`` to ``dst``: copy its KV prefix, its
@@ -139,3 +150,29 @@ class TalkerRunner:
         out = decode_step(self.talker, self.cache, rows, trailing, attend_len, talker_noise, cp_noise)
         scatter_state(self.table, index, rows)
         return out
+
+
+PADDING_ALLOWANCE = 0.25
+"""Padding positions a prefill forward may add, as a fraction of its prompt positions (plus
+:data:`PADDING_SLACK`): longer prompts than that go into a forward of their own."""
+PADDING_SLACK = 16
+
+
+def forward_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices of prompts of ``lengths`` grouped into prefill forwards: sorted by length
+    (longest first), a forward takes the next prompt while its padded size (rows x longest)
+    stays within ``(1 + PADDING_ALLOWANCE) x`` its prompt positions ``+ PADDING_SLACK``. Equal
+    or near lengths (streamed-text prompts) share one forward; a long prompt does not make many
+    short ones pay for its length."""
+    order = sorted(range(len(lengths)), key=lambda i: -lengths[i])
+    groups: list[list[int]] = []
+    for i in order:
+        if groups:
+            group = groups[-1]
+            longest = lengths[group[0]]
+            real = sum(lengths[j] for j in group) + lengths[i]
+            if longest * (len(group) + 1) <= (1 + PADDING_ALLOWANCE) * real + PADDING_SLACK:
+                group.append(i)
+                continue
+        groups.append([i])
+    return groups

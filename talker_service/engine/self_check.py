@@ -167,8 +167,8 @@ def prefill_rows(
         request.prompt = check_prompt(talker, seed=row)
         request.slot = row
         request.max_frames = max_frames
-        runner.prefill(request)
         requests.append(request)
+    runner.prefill(requests)
     return requests
 
 

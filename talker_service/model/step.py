@@ -1,4 +1,5 @@
-"""Prefill of one request into a cache slot, and one whole decode step over a batch of rows.
+"""Prefill of prompts into cache slots (several in one forward), and one whole decode step over a
+batch of rows.
 
 Frame bookkeeping (ARCHITECTURE.md §5): :func:`prefill` yields code0 of frame 0; each
 :func:`decode_step` completes the previous frame (codes 1..G-1 from the code predictor), feeds
@@ -15,9 +16,11 @@ mask for the rows that take no step (padding rows, requests waiting for text).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 
 import torch
+import torch.nn.functional as F
 
 from .decode_attention import InPlaceAttention
 from .layers import AttentionSpec
@@ -116,7 +119,105 @@ def choose_code0(
     return choose_tokens(processed, params.do_sample, params.temperature, params.top_k, params.top_p, noise)
 
 
+class PromptAttention:
+    """Causal attention of several prompts prefilled in one forward, each row over exactly its
+    own prompt (the ``in_place`` hook of :class:`~talker_service.model.layers.AttentionSpec`).
+
+    The rows are padded to the longest prompt, but each row (or run of rows of equal length)
+    attends with SDPA's causal mode over its own ``length`` keys: the call that prompt makes when
+    prefilled alone. A longer window with the padding masked sums in another order (last-bit
+    differences on CPU's flash kernel), so a prompt's K/V and hidden states would depend on the
+    others in its forward.
+    """
+
+    def __init__(self, lengths: Sequence[int]) -> None:
+        self.lengths = list(lengths)
+        """Prompt positions of each row (host ints: no device sync)."""
+
+    def attend(
+        self, q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, scale: float, enable_gqa: bool
+    ) -> torch.Tensor:
+        """q [B, heads, S, hd]; keys/values [B, kv_heads, >= S, hd] -> [B, heads, S, hd] (zeros
+        at padding positions)."""
+        out = q.new_zeros(q.shape)
+        start = 0
+        while start < len(self.lengths):
+            n = self.lengths[start]
+            end = start + 1
+            while end < len(self.lengths) and self.lengths[end] == n:
+                end += 1
+            out[start:end, :, :n] = F.scaled_dot_product_attention(
+                q[start:end, :, :n],
+                keys[start:end, :, :n],
+                values[start:end, :, :n],
+                is_causal=True,
+                scale=scale,
+                enable_gqa=enable_gqa,
+            )
+            start = end
+        return out
+
+
 @torch.inference_mode()
+def prefill_prompts(
+    talker: Talker,
+    cache: KVCache,
+    slots: Sequence[int],
+    prompts: Sequence[torch.Tensor],
+    params: SamplingTensors,
+    noise: torch.Tensor | None = None,
+) -> DecodeState:
+    """Run several prompts [P_i, H] in one forward, prompt i into cache slot ``slots[i]``, and
+    pick code0 of frame 0 of each.
+
+    The prompts are padded to the longest along the sequence (positions 0..P_i-1 of each row;
+    padding K/V lands past the prompt in its slot, where nothing reads it before the first
+    decode step overwrites it), and attend causally each over its own length
+    (:class:`PromptAttention`). Every other operation is row-wise (the CPU linear kernels are
+    row-invariant: tts_common.kernels), so on CPU a prompt's outputs are bit-identical whatever
+    prompts share its forward.
+    ``params``: one row per prompt; ``noise`` [N, V] Gumbel noise (sampling rows) or None.
+    Returns the N-row decode state (slots = ``slots``, positions = the prompt lengths).
+    """
+    lengths = [p.shape[0] for p in prompts]
+    if len(set(slots)) != len(slots):
+        raise ValueError(f"prompts prefilled together need distinct slots, got {list(slots)}")
+    if max(lengths) > cache.max_len:
+        raise ValueError(f"prompt of {max(lengths)} positions exceeds the cache length {cache.max_len}")
+    device = prompts[0].device
+    n, longest = len(prompts), max(lengths)
+    x = prompts[0].new_zeros(n, longest, prompts[0].shape[1])
+    for row, prompt in enumerate(prompts):
+        x[row, : lengths[row]] = prompt
+    slot_index = torch.tensor(list(slots), device=device)
+    length_index = torch.tensor(lengths, device=device)
+    spec = AttentionSpec(
+        positions=torch.arange(longest, device=device)[None, :].expand(n, longest),
+        slots=slot_index,
+        attend_len=longest,
+        mask=None,
+        is_causal=False,
+        in_place=PromptAttention(lengths),  # type: ignore[arg-type]  # same attend() contract
+    )
+    hidden = talker.model.run_layers(x, cache.k, cache.v, spec)
+    cache.lengths[slot_index] = length_index
+    past_hidden = hidden[torch.arange(n, device=device), length_index - 1]
+    logits = talker.logits(past_hidden)
+    presence = torch.zeros(n, talker.cfg.vocab_size, dtype=torch.bool, device=device)
+    num_generated = torch.zeros(n, dtype=torch.int64, device=device)
+    code0 = choose_code0(talker, logits, presence, num_generated, params, noise)
+    presence.scatter_(1, code0[:, None], True)
+    return DecodeState(
+        slots=slot_index,
+        positions=length_index,
+        last_code0=code0,
+        past_hidden=past_hidden,
+        presence=presence,
+        num_generated=num_generated + 1,
+        params=params,
+    )
+
+
 def prefill(
     talker: Talker,
     cache: KVCache,
@@ -125,33 +226,14 @@ def prefill(
     params: SamplingTensors,
     noise: torch.Tensor | None = None,
 ) -> DecodeState:
-    """Run one request's prompt [P, H] into cache ``slot`` and pick code0 of frame 0.
+    """Run one request's prompt [P, H] into cache ``slot`` and pick code0 of frame 0
+    (:func:`prefill_prompts` of one prompt).
 
     ``params``: one-row sampling tensors; ``noise`` [V] Gumbel noise (sampling) or None.
     Returns the one-row decode state (slots = [slot], positions = [P]).
     """
-    p, _ = prefill_embeds.shape
-    if p > cache.max_len:
-        raise ValueError(f"prompt of {p} positions exceeds the cache length {cache.max_len}")
-    device = prefill_embeds.device
-    positions = torch.arange(p, device=device)[None, :]
-    hidden = talker(prefill_embeds[None], positions, cache, slot, attend_len=p, prefill=True)
-    past_hidden = hidden[:, -1]
-    logits = talker.logits(past_hidden)
-    presence = torch.zeros(1, talker.cfg.vocab_size, dtype=torch.bool, device=device)
-    num_generated = torch.zeros(1, dtype=torch.int64, device=device)
-    code0 = choose_code0(
-        talker, logits, presence, num_generated, params, None if noise is None else noise[None]
-    )
-    presence.scatter_(1, code0[:, None], True)
-    return DecodeState(
-        slots=torch.tensor([slot], device=device),
-        positions=torch.full((1,), p, dtype=torch.int64, device=device),
-        last_code0=code0,
-        past_hidden=past_hidden,
-        presence=presence,
-        num_generated=num_generated + 1,
-        params=params,
+    return prefill_prompts(
+        talker, cache, [slot], [prefill_embeds], params, None if noise is None else noise[None]
     )
 
 

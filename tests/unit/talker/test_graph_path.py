@@ -65,8 +65,8 @@ def _drive(model: TalkerModel, config: EngineConfig, plan: list[tuple[int, Sampl
             scheduler.add(request)
             pending.remove((i, (arrival, sampling, frames)))
         out = scheduler.schedule()
-        for request in out.prefill:
-            runner.prefill(request)
+        if out.prefill:
+            runner.prefill(out.prefill)
         if out.decode:
             if runner.graphs is not None:
                 run.buckets.append(config.bucket_for(max(r.slot for r in out.decode) + 1))  # type: ignore[type-var]

@@ -1,0 +1,124 @@
+"""Several prompts prefilled in one forward (``TalkerRunner.prefill`` of a group): each request's
+K/V, decode state and codes (greedy, and sampled given its seed) are bit-identical to its prompt
+prefilled alone, whatever the lengths of the prompts beside it, with the CPU kernels an engine
+chooses for float32 and bfloat16; the grouping into forwards bounds the padding."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from talker_service.engine import EngineConfig
+from talker_service.engine.request import EngineRequest
+from talker_service.engine.runner import PADDING_ALLOWANCE, PADDING_SLACK, TalkerRunner, forward_groups
+from talker_service.model.loader import TalkerModel
+from talker_service.model.prompt import TalkerPrompt
+from tests.helpers.fixtures import CKPT_DIR
+from tts_common.kernels.choice import set_up_linears
+from tts_common.onednn_linear import onednn_linear_available
+from tts_common.synthesis import SamplingParams
+
+NAME = "tiny_custom_voice_1b7"  # a talker wider than its code predictor: every projection runs
+MAX_LEN = 96
+STEPS = 2
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def model(request: pytest.FixtureRequest) -> TalkerModel:
+    m = TalkerModel.from_checkpoint(CKPT_DIR / NAME, dtype=getattr(torch, request.param))
+    if not onednn_linear_available():
+        pytest.skip("torch built without oneDNN")
+    set_up_linears(m.talker, m.device, m.dtype, "auto", "none", (1, 2, 4, 8))
+    assert all(type(mod) is not torch.nn.Linear for mod in m.talker.modules())
+    return m
+
+
+def _prompt(model: TalkerModel, length: int, seed: int) -> TalkerPrompt:
+    """Codec embeddings of seeded random ids: the model's own scale, distinct per seed."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, model.talker.cfg.vocab_size - 1024, (length + STEPS + 1,), generator=gen)
+    with torch.inference_mode():
+        rows = model.talker.codec_embed(ids)
+    return TalkerPrompt(prefill=rows[:length], trailing=rows[length:-1], tts_pad=rows[-1], text_tokens=2)
+
+
+def _sampling(kind: int, seed: int) -> SamplingParams:
+    return [
+        SamplingParams.greedy(),
+        SamplingParams(seed=seed, temperature=0.9, top_k=50, top_p=0.95),
+        SamplingParams(seed=seed, subtalker_do_sample=False),
+        SamplingParams(seed=seed, do_sample=False, subtalker_do_sample=True),
+    ][kind]
+
+
+def _requests(model: TalkerModel, rows: list[tuple[int, int]], seed: int) -> list[EngineRequest]:
+    out = []
+    for slot, (length, kind) in enumerate(rows):
+        request = EngineRequest(f"r{slot}", None, _sampling(kind, seed + slot), None, lambda e: None)  # type: ignore[arg-type]
+        request.prompt = _prompt(model, length, seed + slot)
+        request.slot = slot
+        request.max_frames = STEPS
+        out.append(request)
+    return out
+
+
+def _run(model: TalkerModel, rows: list[tuple[int, int]], seed: int, together: bool):
+    """Prefill the rows (together, or each alone in turn) into slots 0..n-1, then decode each
+    alone for STEPS steps: per row its slot's K/V prefix, its slot-table row and its frames."""
+    config = EngineConfig(max_slots=len(rows), max_seq_len=MAX_LEN)
+    runner = TalkerRunner(model.talker, config)
+    requests = _requests(model, rows, seed)
+    if together:
+        runner.prefill(requests)
+    else:
+        for request in requests:
+            runner.prefill([request])
+    out = []
+    for request, (length, _) in zip(requests, rows):
+        slot = request.slot
+        kv = (runner.cache.k[:, slot, :, :length].clone(), runner.cache.v[:, slot, :, :length].clone())
+        table = runner.table.rows(torch.tensor([slot]))
+        state = [
+            getattr(table, f.name).clone()
+            for f in dataclasses.fields(table)
+            if f.name not in ("params", "slots")
+        ]
+        frames = []
+        for _ in range(STEPS):
+            frames.append(runner.step([request]).frame_codes[0].tolist())
+            request.frames_emitted += 1
+        out.append((kv, state, frames))
+    return out
+
+
+@settings(max_examples=12, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=6),
+    seed=st.integers(0, 2**20),
+)
+def test_a_prompt_prefilled_with_others_equals_it_alone(
+    model: TalkerModel, rows: list[tuple[int, int]], seed: int
+) -> None:
+    together = _run(model, rows, seed, together=True)
+    alone = _run(model, rows, seed, together=False)
+    for row, ((kv, state, frames), (kv_alone, state_alone, frames_alone)) in enumerate(zip(together, alone)):
+        assert all(torch.equal(a, b) for a, b in zip(kv, kv_alone)), f"row {row}: K/V"
+        assert all(torch.equal(a, b) for a, b in zip(state, state_alone)), f"row {row}: decode state"
+        assert frames == frames_alone, f"row {row}: frames"
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(1, 300), min_size=1, max_size=24))
+def test_forward_groups_cover_each_prompt_once_and_bound_the_padding(lengths: list[int]) -> None:
+    groups = forward_groups(lengths)
+    assert sorted(i for g in groups for i in g) == list(range(len(lengths)))
+    for group in groups:
+        real = sum(lengths[i] for i in group)
+        padded = len(group) * max(lengths[i] for i in group)
+        assert len(group) == 1 or padded <= (1 + PADDING_ALLOWANCE) * real + PADDING_SLACK
+        assert [lengths[i] for i in group] == sorted((lengths[i] for i in group), reverse=True)
+    assert len(forward_groups([12] * 16)) == 1  # streamed-text prompts: one forward
