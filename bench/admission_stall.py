@@ -8,15 +8,17 @@ weights, fixed-length runs: the EOS logit is zeroed):
 * steady gap: p50 of the running streams' frame gaps before the arrivals (batch 8) and after
   every newcomer is in (batch 24);
 * stall window: every gap of the running streams from the arrivals until each newcomer has its
-  first frame: p50, p99 and max, and p99 / steady gap (the goal: at most 2x).
+  first frame: p50, p99 and max, and p99 / steady gap (the goal: at most 2x);
+* the newcomers' side: the time from their arrival to their first frame (p50 and max).
 
 The script runs against whichever code it imports, so BEFORE/AFTER compare two checkouts side
 by side in one session, e.g.::
 
-    (cd /path/to/a/checkout/of/main && python /path/to/bench/admission_stall.py --json before.json)   # main
-    python -m bench.admission_stall --json after.json                                 # this branch
+    PYTHONPATH=/path/to/a/checkout/of/main python bench/admission_stall.py --json before.json  # main
+    PYTHONPATH=. python bench/admission_stall.py --json after.json                             # this one
 
-(``python -m`` from a checkout imports that checkout; a script path imports the installed one.)
+(without PYTHONPATH a script path imports the installed package; ``python -m`` from a checkout
+imports that checkout).
 """
 
 from __future__ import annotations
@@ -104,6 +106,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         for s in newcomers:
             s.first.wait(600)
         t_in = time.monotonic()
+        first_frames = sorted(s.times[0] - t_arrive for s in newcomers)
         marks = [len(s.times) for s in running]
         while min(len(s.times) - m for s, m in zip(running, marks)) < args.steady_frames:
             time.sleep(0.005)
@@ -127,6 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         "window_gap_max_ms": round(max(window) * 1000, 2),
         "p99_over_steady_running": round(p(window, 0.99) / steady8, 2),
         "p99_over_steady_all": round(p(window, 0.99) / steady_all, 2),
+        "newcomer_first_frame_ms_p50": round(p(first_frames, 0.5) * 1000, 1),
+        "newcomer_first_frame_ms_max": round(first_frames[-1] * 1000, 1),
         "engine_steps": steps,
     }
 

@@ -29,10 +29,13 @@ class EngineConfig:
     max_prefill_tokens_per_step: int = field(default=256, metadata=NOT_A_FLAG)
     """Prompt positions prefilled between two decode steps (at least one whole request), so that
     newcomers never stall running streams for much more than one step."""
-    max_prefills_per_step: int = field(default=1, metadata=flag(parse=positive_int))
-    """Requests prefilled between two decode steps while other requests are running (each prefill
-    is a forward of its own: short streamed-text prompts would otherwise let dozens land between
-    two frames of every running stream). An idle engine admits up to the token bound at once."""
+    max_prefills_per_step: int = field(default=4, metadata=flag(parse=positive_int))
+    """Requests admitted between two decode steps while other requests are running (prefilled
+    together, in as few forwards as their lengths allow: runner.forward_groups). A prefill costs
+    every running stream its time, growing with the prompt positions on CPU (16 streamed-text
+    prompts at once: about two decode steps of a 0.6B model on 2 cores); 4 keeps a frame gap
+    within about 2x a step while newcomers get in 4x sooner than one at a time
+    (bench/admission_stall.py). An idle engine admits up to the token bound at once."""
     cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only): auto = capture
     and self-check before serving, falling back to eager on a failure (ERROR log, metric, reason

@@ -6,8 +6,9 @@ The engine loop calls, once per iteration:
 * :meth:`Scheduler.add` for each request that arrived (its prompt already built): refused with
   CapacityError if it can never fit a slot;
 * :meth:`Scheduler.schedule` -> :class:`SchedulerOutput`: the cancelled requests it dropped, the
-  requests it admitted into free slots (to prefill now, within a budget of prompt positions and,
-  while streams run, of requests, so running streams are not stalled) and the running requests that decode this step (the new ones included);
+  requests it admitted into free slots (to prefill now, together, within a budget of prompt
+  positions and, while streams run, of requests, so running streams are not stalled) and the
+  running requests that decode this step (the new ones included);
 * :meth:`Scheduler.update` with the step's EOS flags -> the requests that finished (EOS or frame
   budget), their slots freed.
 
@@ -38,7 +39,7 @@ class SchedulerOutput:
     aborted: list[EngineRequest] = field(default_factory=list)
     """Cancelled requests removed from the queue or their slot."""
     prefill: list[EngineRequest] = field(default_factory=list)
-    """Requests given a slot now: prefill them before the decode step."""
+    """Requests given a slot now: prefill them (together) before the decode step."""
     decode: list[EngineRequest] = field(default_factory=list)
     """Requests that take this decode step (slot order; the newly prefilled ones included)."""
 

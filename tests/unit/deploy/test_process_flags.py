@@ -84,7 +84,7 @@ OWN: dict[str, dict[str, Any]] = {
         "--max-slots": 16,
         "--max-seq-len": 2048,
         "--max-waiting": 64,
-        "--max-prefills-per-step": 1,
+        "--max-prefills-per-step": 4,
         "--cuda-graphs": "auto",
         "--kv-memory": MemoryBudget(fraction=0.5),
         "--other-stages-memory": 0,
