@@ -6,7 +6,7 @@ from tts_common.text.tokenizer import TextTokenizer
 from .loader import TalkerModel
 from .prompt import PromptInputs, TalkerPrompt, build_prompt
 from .sampling import RequestNoise, SamplingTensors
-from .step import DecodeState, StepOutput, decode_step, predict_residual_codes, prefill
+from .step import DecodeState, StepOutput, decode_step, predict_residual_codes, prefill, prefill_prompts
 from .talker import KVCache, Talker
 
 __all__ = [
@@ -24,4 +24,5 @@ __all__ = [
     "decode_step",
     "predict_residual_codes",
     "prefill",
+    "prefill_prompts",
 ]

@@ -158,6 +158,15 @@ class PromptAttention:
         return out
 
 
+def _host_ints(values: list[int], device: torch.device) -> torch.Tensor:
+    """int64 [len(values)] on ``device`` with one copy, asynchronous from pinned memory on CUDA
+    (a plain host-to-device copy waits for the queued GPU work: a host sync)."""
+    table = torch.tensor(values, dtype=torch.int64)
+    if device.type == "cuda":
+        return table.pin_memory().to(device, non_blocking=True)
+    return table.to(device)
+
+
 @torch.inference_mode()
 def prefill_prompts(
     talker: Talker,
@@ -186,11 +195,8 @@ def prefill_prompts(
         raise ValueError(f"prompt of {max(lengths)} positions exceeds the cache length {cache.max_len}")
     device = prompts[0].device
     n, longest = len(prompts), max(lengths)
-    x = prompts[0].new_zeros(n, longest, prompts[0].shape[1])
-    for row, prompt in enumerate(prompts):
-        x[row, : lengths[row]] = prompt
-    slot_index = torch.tensor(list(slots), device=device)
-    length_index = torch.tensor(lengths, device=device)
+    x = torch.nn.utils.rnn.pad_sequence(list(prompts), batch_first=True)  # zeros after each prompt
+    slot_index, length_index = _host_ints([*slots, *lengths], device).split(n)
     spec = AttentionSpec(
         positions=torch.arange(longest, device=device)[None, :].expand(n, longest),
         slots=slot_index,
