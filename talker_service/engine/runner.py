@@ -16,6 +16,17 @@ Two step paths, one step function (:func:`~talker_service.model.step.decode_step
   ``EngineConfig.emulate_cuda_graphs``): one static step per batch bucket B over slots 0..B-1,
   captured at startup, reading the cache in place with per-row lengths
   (:mod:`~talker_service.model.decode_attention`).
+
+Prefill is eager on both paths: the requests admitted in one engine iteration are prefilled
+together (:meth:`TalkerRunner.prefill`), in as few forwards as :func:`forward_groups` allows,
+each forward padding its prompts to the longest
+(:func:`~talker_service.model.step.prefill_prompts`). A request's prefill is bit-identical to its
+prompt prefilled alone wherever its decode step is batch-invariant: on CPU with the engine's
+kernels, whose rows do not depend on the row count (checked at 1-336 rows and 2-16 threads on
+the dev EPYC, release shapes; the prompts' own attention, norms and RoPE are per row); with
+kernels whose rows depend on their batch (torch's float32 ``F.linear`` under ``--linear torch``,
+cuBLAS on CUDA) the prefill, like the decode step, may differ from running alone in the last
+bits.
 """
 
 from __future__ import annotations
