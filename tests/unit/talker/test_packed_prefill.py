@@ -1,23 +1,27 @@
 """Several prompts prefilled in one forward (``TalkerRunner.prefill`` of a group): each request's
 K/V, decode state and codes (greedy, and sampled given its seed) are bit-identical to its prompt
 prefilled alone, whatever the lengths of the prompts beside it, with the CPU kernels an engine
-chooses for float32 and bfloat16; the grouping into forwards bounds the padding."""
+chooses for float32 and bfloat16; requests arriving together while others run are prefilled
+together and get their official codes; the grouping into forwards bounds the padding."""
 
 from __future__ import annotations
 
 import dataclasses
+import time
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talker_service.engine import EngineConfig
+from talker_service.engine import EngineConfig, TalkerEngine
 from talker_service.engine.request import EngineRequest
 from talker_service.engine.runner import PADDING_ALLOWANCE, PADDING_SLACK, TalkerRunner, forward_groups
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
-from tests.helpers.fixtures import CKPT_DIR
+from tests.helpers.fixtures import CKPT_DIR, fixture_case, fixture_prompt_inputs, load_requests
+from tests.helpers.talker import Collector
 from tts_common.kernels.choice import set_up_linears
 from tts_common.onednn_linear import onednn_linear_available
 from tts_common.synthesis import SamplingParams
@@ -122,3 +126,34 @@ def test_forward_groups_cover_each_prompt_once_and_bound_the_padding(lengths: li
         assert len(group) == 1 or padded <= (1 + PADDING_ALLOWANCE) * real + PADDING_SLACK
         assert [lengths[i] for i in group] == sorted((lengths[i] for i in group), reverse=True)
     assert len(forward_groups([12] * 16)) == 1  # streamed-text prompts: one forward
+
+
+def test_requests_arriving_together_while_one_runs_are_prefilled_together_with_official_codes() -> None:
+    lines = load_requests(NAME)
+    sources = [fixture_prompt_inputs(NAME, line) for line in lines]
+    m = TalkerModel.from_checkpoint(CKPT_DIR / NAME)
+    config = EngineConfig(max_slots=len(lines), max_seq_len=256, max_prefills_per_step=4)
+    groups: list[int] = []
+    with TalkerEngine(m, config) as engine:
+        prefill = engine.runner.prefill
+
+        def counted(requests: list[EngineRequest]) -> None:
+            groups.append(len(requests))
+            prefill(requests)
+
+        engine.runner.prefill = counted  # type: ignore[method-assign]
+        sinks = [Collector() for _ in lines]
+        engine.add("r0", sources[0], SamplingParams.greedy(), 80, sinks[0])
+        deadline = time.monotonic() + 60
+        while len(sinks[0].frames) < 2 and time.monotonic() < deadline:
+            time.sleep(0.001)
+        for i in range(1, len(lines)):
+            engine.add(f"r{i}", sources[i], SamplingParams.greedy(), 80, sinks[i])
+        for sink in sinks:
+            sink.wait()
+    assert groups[0] == 1 and max(groups[1:]) > 1 and max(groups) <= 4, groups
+    for line, sink in zip(lines, sinks):
+        case, i = fixture_case(NAME, line)
+        expected = np.load(case / f"codes_{i}.npy")
+        got = np.array(sink.frames, dtype=np.int64).reshape(-1, expected.shape[1])
+        np.testing.assert_array_equal(got, expected, err_msg=line["id"])
