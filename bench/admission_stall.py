@@ -11,6 +11,9 @@ weights, fixed-length runs: the EOS logit is zeroed):
   first frame: p50, p99 and max, and p99 / steady gap (the goal: at most 2x);
 * the newcomers' side: the time from their arrival to their first frame (p50 and max).
 
+``--prefill-cost`` times the prefill of 1-16 such prompts together and one at a time instead
+(needs a checkout whose ``TalkerRunner.prefill`` takes a group).
+
 The script runs against whichever code it imports, so BEFORE/AFTER compare two checkouts side
 by side in one session, e.g.::
 
@@ -136,6 +139,67 @@ def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
+def prefill_cost(args: argparse.Namespace) -> dict[str, object]:
+    """``--prefill-cost``: milliseconds to prefill k prompts of ``--prompt-len`` positions
+    together (``TalkerRunner.prefill`` of the group) and one at a time, best of ``--repeat``
+    (alternating), beside one decode step of ``--running`` rows: what an iteration admitting k
+    newcomers adds to every running stream's frame gap."""
+    from talker_service.engine.request import EngineRequest
+    from talker_service.engine.runner import TalkerRunner
+    from tts_common.kernels.choice import set_up_linears
+
+    torch.set_num_threads(args.threads)
+    model = build_model(args.size, torch.float32)
+    ks = (1, 2, 4, 8, 16)
+    config = EngineConfig(max_slots=args.running + max(ks), max_seq_len=args.max_seq_len)
+    kernels, _ = set_up_linears(model.talker, model.device, model.dtype, "auto", "none", config.graph_buckets)
+    runner = TalkerRunner(model.talker, config)
+
+    def requests(k: int, first_slot: int) -> list[EngineRequest]:
+        out = []
+        for i in range(k):
+            r = EngineRequest(f"r{i}", None, SamplingParams(seed=i), None, lambda e: None)  # type: ignore[arg-type]
+            r.prompt, r.slot, r.max_frames = random_prompt(model, args.prompt_len, i), first_slot + i, 8
+            out.append(r)
+        return out
+
+    def ms(groups: list[list[EngineRequest]]) -> float:
+        t0 = time.perf_counter()
+        for group in groups:
+            runner.prefill(group)
+        return (time.perf_counter() - t0) * 1000
+
+    running = requests(args.running, 0)
+    runner.prefill(running)
+    runner.prefill(requests(max(ks), args.running))  # first touch of every slot's KV pages
+    best: dict[str, float] = {}
+    for _ in range(args.repeat):
+        t0 = time.perf_counter()
+        runner.step(running)
+        t = (time.perf_counter() - t0) * 1000
+        best["decode_step"] = min(best.get("decode_step", t), t)
+        for k in ks:
+            t = ms([requests(k, args.running)])
+            best[f"together_{k}"] = min(best.get(f"together_{k}", t), t)
+            t = ms([[r] for r in requests(k, args.running)])
+            best[f"one_at_a_time_{k}"] = min(best.get(f"one_at_a_time_{k}", t), t)
+    return {
+        "code": str(Path(talker_service.__file__).parent.parent),
+        "size": args.size,
+        "threads": args.threads,
+        "kernels": kernels,
+        "prompt_len": args.prompt_len,
+        f"decode_step_ms_batch_{args.running}": round(best["decode_step"], 1),
+        "prefill_ms": {
+            str(k): {
+                "together": round(best[f"together_{k}"], 1),
+                "one_at_a_time": round(best[f"one_at_a_time_{k}"], 1),
+            }
+            for k in ks
+        },
+    }
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", default="dev", choices=["dev", "0b6", "1b7"])
@@ -148,9 +212,11 @@ def main() -> None:
     ap.add_argument("--warm-frames", type=int, default=5)
     ap.add_argument("--steady-frames", type=int, default=10)
     ap.add_argument("--max-prefills-per-step", type=int, default=0, help="0: the engine's default")
+    ap.add_argument("--prefill-cost", action="store_true", help="time prefills of 1-16 prompts instead")
+    ap.add_argument("--repeat", type=int, default=3, help="--prefill-cost: best of this many")
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
-    result = run(args)
+    result = prefill_cost(args) if args.prefill_cost else run(args)
     print(json.dumps(result, indent=2))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
