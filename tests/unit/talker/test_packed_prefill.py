@@ -71,8 +71,8 @@ def _requests(model: TalkerModel, rows: list[tuple[int, int]], seed: int) -> lis
 
 
 def _run(model: TalkerModel, rows: list[tuple[int, int]], seed: int, together: bool):
-    """Prefill the rows (together, or each alone in turn) into slots 0..n-1, then decode each
-    alone for STEPS steps: per row its slot's K/V prefix, its slot-table row and its frames."""
+    """Prefill the rows (together, or each alone in turn) into slots 0..n-1, then decode them
+    (one batch) for STEPS steps: per row its slot's K/V prefix, its slot-table row and its frames."""
     config = EngineConfig(max_slots=len(rows), max_seq_len=MAX_LEN)
     runner = TalkerRunner(model.talker, config)
     requests = _requests(model, rows, seed)
@@ -91,28 +91,43 @@ def _run(model: TalkerModel, rows: list[tuple[int, int]], seed: int, together: b
             for f in dataclasses.fields(table)
             if f.name not in ("params", "slots")
         ]
-        frames = []
-        for _ in range(STEPS):
-            frames.append(runner.step([request]).frame_codes[0].tolist())
+        out.append((kv, state, []))
+    for _ in range(STEPS):
+        for row, codes in enumerate(runner.step(requests).frame_codes.tolist()):
+            out[row][2].append(codes)
+        for request in requests:
             request.frames_emitted += 1
-        out.append((kv, state, frames))
     return out
 
 
-@settings(max_examples=12, deadline=None)
-@given(
-    rows=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=6),
-    seed=st.integers(0, 2**20),
-)
-def test_a_prompt_prefilled_with_others_equals_it_alone(
-    model: TalkerModel, rows: list[tuple[int, int]], seed: int
-) -> None:
+def _assert_together_equals_alone(model: TalkerModel, rows: list[tuple[int, int]], seed: int) -> None:
     together = _run(model, rows, seed, together=True)
     alone = _run(model, rows, seed, together=False)
     for row, ((kv, state, frames), (kv_alone, state_alone, frames_alone)) in enumerate(zip(together, alone)):
         assert all(torch.equal(a, b) for a, b in zip(kv, kv_alone)), f"row {row}: K/V"
         assert all(torch.equal(a, b) for a, b in zip(state, state_alone)), f"row {row}: decode state"
         assert frames == frames_alone, f"row {row}: frames"
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    rows=st.lists(st.tuples(st.integers(1, 40), st.integers(0, 3)), min_size=1, max_size=6),
+    seed=st.integers(0, 2**20),
+)
+def test_a_prompt_prefilled_with_others_equals_it_alone(
+    model: TalkerModel, rows: list[tuple[int, int]], seed: int, one_torch_thread: None
+) -> None:
+    _assert_together_equals_alone(model, rows, seed)
+
+
+def test_a_prompt_prefilled_with_others_equals_it_alone_on_two_threads(model: TalkerModel) -> None:
+    """The same on two threads (the kernels split their work by rows and threads)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        _assert_together_equals_alone(model, [(40, 1), (33, 0), (12, 2), (12, 3), (7, 1), (1, 0)], seed=5)
+    finally:
+        torch.set_num_threads(threads)
 
 
 @settings(max_examples=200, deadline=None)
