@@ -172,3 +172,24 @@ def test_requests_arriving_together_while_one_runs_are_prefilled_together_with_o
         expected = np.load(case / f"codes_{i}.npy")
         got = np.array(sink.frames, dtype=np.int64).reshape(-1, expected.shape[1])
         np.testing.assert_array_equal(got, expected, err_msg=line["id"])
+
+
+def test_a_prompt_that_fails_its_prefill_ends_alone() -> None:
+    """A group whose forward fails is prefilled again one request at a time: only the request
+    at fault ends with an error, the others get their official codes."""
+    lines = load_requests(NAME)[:2]
+    m = TalkerModel.from_checkpoint(CKPT_DIR / NAME)
+    good = [m.build_prompt(fixture_prompt_inputs(NAME, line)) for line in lines]
+    bad = dataclasses.replace(good[0], prefill=torch.zeros(5, m.talker.cfg.hidden_size + 1))
+    sinks = [Collector() for _ in range(3)]
+    engine = TalkerEngine(m, EngineConfig(max_slots=3, max_seq_len=256))
+    for i, prompt in enumerate([good[0], bad, good[1]]):  # queued before the loop runs: one group
+        engine.add(f"r{i}", prompt, SamplingParams.greedy(), 80, sinks[i])
+    with engine:
+        done = [sink.wait() for sink in sinks]
+    assert done[1].error is not None and not sinks[1].frames
+    for line, sink, event in zip(lines, [sinks[0], sinks[2]], [done[0], done[2]]):
+        assert event.error is None
+        case, i = fixture_case(NAME, line)
+        expected = np.load(case / f"codes_{i}.npy")
+        np.testing.assert_array_equal(np.array(sink.frames).reshape(-1, expected.shape[1]), expected)
