@@ -139,6 +139,10 @@ class PromptAttention:
     ) -> torch.Tensor:
         """q [B, heads, S, hd]; keys/values [B, kv_heads, >= S, hd] -> [B, heads, S, hd] (zeros
         at padding positions)."""
+        if all(n == q.shape[2] for n in self.lengths):  # no padding (one prompt, equal lengths)
+            return F.scaled_dot_product_attention(
+                q, keys, values, is_causal=True, scale=scale, enable_gqa=enable_gqa
+            )
         out = q.new_zeros(q.shape)
         start = 0
         while start < len(self.lengths):
