@@ -31,11 +31,12 @@ class EngineConfig:
     newcomers never stall running streams for much more than one step."""
     max_prefills_per_step: int = field(default=4, metadata=flag(parse=positive_int))
     """Requests admitted between two decode steps while other requests are running (prefilled
-    together, in as few forwards as their lengths allow: runner.forward_groups). A prefill costs
-    every running stream its time, growing with the prompt positions on CPU (16 streamed-text
-    prompts at once: about two decode steps of a 0.6B model on 2 cores); 4 keeps a frame gap
-    within about 2x a step while newcomers get in 4x sooner than one at a time
-    (bench/admission_stall.py). An idle engine admits up to the token bound at once."""
+    together, in as few forwards as their lengths allow: runner.forward_groups). Their prefill
+    delays every running stream's next frame: on CPU it grows with the prompt positions (0.6B,
+    2 cores: 4 prompts of 12 positions together 0.3 s, beside a 0.6 s batch-8 step). 4: 16
+    newcomers get their first frame 2-3x sooner than at 1 per step, for a p99 frame gap of the
+    running streams 15-30% longer (bench/results/admission_stall.json). An idle engine admits
+    up to the token bound at once."""
     cuda_graphs: str = field(default="auto", metadata=flag(choices=CUDA_GRAPHS_CHOICES))
     """Capture the whole decode step as one CUDA graph per batch bucket (CUDA only): auto = capture
     and self-check before serving, falling back to eager on a failure (ERROR log, metric, reason
