@@ -45,6 +45,7 @@ from .candidates import (
     NOT_BATCH_INVARIANT,
     KernelLinear,
     candidate_available,
+    kernel_revision,
     make_candidate,
     quantize_int8,
 )
@@ -208,7 +209,7 @@ def measure_kernels(
     table = KernelTable(family, buckets)
     measured = 0
     for shape in sorted(set(shapes)):
-        keys = {k: f"{k}|{shape_key(shape)}|t{threads}" for k in kernels}
+        keys = {k: f"{k}{kernel_revision(k)}|{shape_key(shape)}|t{threads}" for k in kernels}
         if any(str(b) not in cache.get(key, {}) for key in keys.values() for b in buckets):
             # Measured again for every kernel of the shape together (they take turns).
             for kernel, times in time_kernels(kernels, shape, buckets).items():

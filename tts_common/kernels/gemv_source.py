@@ -1,18 +1,27 @@
-"""C source of the AVX-512 weight-streaming GEMV/small-GEMM (see :mod:`tts_common.kernels.gemv`).
+"""C source of our AVX-512 weight-streaming GEMV/small-GEMM (see :mod:`tts_common.kernels.gemv`).
 
 Kept as a string so the package needs no package-data and the build hashes exactly what it
 compiles. ``y[r, n] = scale[n] * sum_k x[r, k] * w[n, k] + bias[n]`` with fp32 ``x``/``y`` and
 int8 or bfloat16 ``w`` (``scale`` only for int8), or bf16 ``x`` and ``w`` with the bf16 dot
-product. Each output's sum always runs in the same order (for int8 and bf16 weights with fp32
-activations one 16-lane accumulator over k in vector steps; for the bf16 dot product four over
-k in steps of 128; then a fixed 16-lane reduction and a scalar tail), whatever the number of
-rows or which outputs share its tile: a row's result never depends on its batch.
+product.
 
-int8 / bf16 weights with fp32 activations go in tiles of 4 output channels x 4 rows: per vector step, 4 weight vectors are loaded (and widened)
-once and each row's activations once, for 16 multiply-adds, so a weight row read from memory
-serves every row of the batch and the loads do not bound the multi-row case. Output tiles go to
-OpenMP threads dynamically, a few at a time (on a shared machine a descheduled thread does not
-hold the whole call back; each output is computed alone, so the split never changes a bit).
+Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``): the weight is pre-packed at load in
+groups of 16 output channels, k-major, one vector lane per channel (:func:`.gemv.pack_weight`).
+A step loads 16 channels' weights for one k (two for the dot product) and multiplies them by that
+k's activation broadcast, so no horizontal reduction is needed, each thread streams contiguous
+memory, and one weight load (and widening) serves up to 4 rows. Why: at one row the earlier
+row-wise kernel spent its time in the per-output reductions and the short 1 KiB rows, reading
+int8 weights at 10-17 GB/s on the dev EPYC; packed, 22-28 GB/s (``bench/gemv_bench.py``).
+
+Each output sums in one order whatever the rows: four accumulators by k mod 4 (pairs of k for the
+dot product), the K tail into the first, then ``(a0 + a1) + (a2 + a3)``; the scale and bias are
+applied after. So a row's result never depends on its batch or which rows share its pass.
+Groups go to OpenMP threads dynamically, two at a time (on a shared machine a descheduled thread
+does not hold the whole call back; each output is computed alone, so the split never changes a
+bit).
+
+``gemv_bf16dp_rows`` keeps the row-wise dot-product kernel (weights as given): on the dev EPYC it
+reads bf16 weights faster at one row and slower at eight; the kernel choice measures both.
 """
 
 SOURCE = r"""
@@ -20,8 +29,9 @@ SOURCE = r"""
 #include <stdint.h>
 #include <string.h>
 
-#define RB 4
-#define NB 4
+#define G 16   /* outputs per packed group: one vector lane each */
+#define RB 4   /* rows per pass over a group */
+#define PREFETCH 256  /* k steps ahead (4 KiB of int8): measured best of 0/64/256/512 at 8 rows */
 
 static inline __m512 load_w16_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
@@ -30,94 +40,135 @@ static inline __m512 load_w16_bf16(const uint16_t* p) {
     __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
     return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
 }
-static inline float w_scalar_i8(const int8_t* p, int k) { return (float)p[k]; }
-static inline float w_scalar_bf16(const uint16_t* p, int k) {
-    uint32_t u = ((uint32_t)p[k]) << 16; float f; memcpy(&f, &u, 4); return f;
-}
-static inline float x_scalar_f32(const float* p, int k) { return p[k]; }
 
-/* TILE(x, w, rows, nb, K, out): out[r][j] = sum_k x[r, k] * w[j, k] for rows x nb outputs. */
-#define DEFINE_TILE(NAME, XT, WT, STEP, LOADW, LOADX, MADD, WSCALAR, XSCALAR)                 \
-static inline __attribute__((always_inline))                                                  \
-void NAME(const XT* x, const WT* w, int rows, int nb, int K, float out[RB][NB]) {             \
-    __m512 acc[RB][NB];                                                                       \
-    for (int r = 0; r < RB; ++r)                                                              \
-        for (int j = 0; j < NB; ++j) acc[r][j] = _mm512_setzero_ps();                         \
-    int k = 0;                                                                                \
-    for (; k + STEP <= K; k += STEP) {                                                        \
-        __typeof__(LOADW(w)) wv[NB];                                                          \
-        for (int j = 0; j < nb; ++j) wv[j] = LOADW(w + (long)j * K + k);                      \
-        for (int r = 0; r < rows; ++r) {                                                      \
-            __typeof__(LOADX(x)) xv = LOADX(x + (long)r * K + k);                             \
-            for (int j = 0; j < nb; ++j) acc[r][j] = MADD(acc[r][j], xv, wv[j]);              \
-        }                                                                                     \
-    }                                                                                         \
-    for (int r = 0; r < rows; ++r)                                                            \
-        for (int j = 0; j < nb; ++j) {                                                        \
-            float t = _mm512_reduce_add_ps(acc[r][j]);                                        \
-            for (int kk = k; kk < K; ++kk)                                                    \
-                t += WSCALAR(w + (long)j * K, kk) * XSCALAR(x + (long)r * K, kk);             \
-            out[r][j] = t;                                                                    \
-        }                                                                                     \
+/* Packed weights: group g holds outputs 16g..16g+15 as [K][16] (k-major, one lane per output;
+   missing outputs of the last group are zero). acc[r][j] sums k = 4i + j for i = 0, 1, ...,
+   the K % 4 tail goes into acc[r][0], then ((a0 + a1) + (a2 + a3)): one order per output, for
+   any row count. */
+#define DEFINE_GROUP(NAME, WT, LOADW)                                                          \
+static inline __attribute__((always_inline))                                                   \
+void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {                      \
+    __m512 acc[RB][4];                                                                         \
+    for (int r = 0; r < RB; ++r)                                                               \
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();                           \
+    int k = 0;                                                                                 \
+    for (; k + 4 <= K; k += 4) {                                                               \
+        _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G), _MM_HINT_T0);                 \
+        for (int j = 0; j < 4; ++j) {                                                          \
+            __m512 w = LOADW(wg + (long)(k + j) * G);                                          \
+            for (int r = 0; r < rows; ++r)                                                     \
+                acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k + j]), w, acc[r][j]); \
+        }                                                                                      \
+    }                                                                                          \
+    for (; k < K; ++k) {                                                                       \
+        __m512 w = LOADW(wg + (long)k * G);                                                    \
+        for (int r = 0; r < rows; ++r)                                                         \
+            acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k]), w, acc[r][0]);     \
+    }                                                                                          \
+    for (int r = 0; r < rows; ++r)                                                             \
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])); \
 }
 
-#define FMA_F32(acc, xv, wv) _mm512_fmadd_ps(wv, xv, acc)
-#define LOADX_F32(p) _mm512_loadu_ps(p)
-DEFINE_TILE(tile_i8, float, int8_t, 16, load_w16_i8, LOADX_F32, FMA_F32, w_scalar_i8, x_scalar_f32)
-DEFINE_TILE(tile_bf16, float, uint16_t, 16, load_w16_bf16, LOADX_F32, FMA_F32, w_scalar_bf16, x_scalar_f32)
+DEFINE_GROUP(group_i8, int8_t, load_w16_i8)
+DEFINE_GROUP(group_bf16, uint16_t, load_w16_bf16)
 
-/* Constant rows and nb per call, so the accumulators stay in registers. */
-#define CALL_TILE(TILE, xb, wn, rows, nb, K, out)                                             \
-    do {                                                                                      \
-        if ((nb) == NB) {                                                                     \
-            switch (rows) {                                                                   \
-                case 4: TILE(xb, wn, 4, NB, K, out); break;                                   \
-                case 3: TILE(xb, wn, 3, NB, K, out); break;                                   \
-                case 2: TILE(xb, wn, 2, NB, K, out); break;                                   \
-                default: TILE(xb, wn, 1, NB, K, out); break;                                  \
-            }                                                                                 \
-        } else {                                                                              \
-            switch (rows) {                                                                   \
-                case 4: TILE(xb, wn, 4, 1, K, out); break;                                    \
-                case 3: TILE(xb, wn, 3, 1, K, out); break;                                    \
-                case 2: TILE(xb, wn, 2, 1, K, out); break;                                    \
-                default: TILE(xb, wn, 1, 1, K, out); break;                                   \
-            }                                                                                 \
-        }                                                                                     \
-    } while (0)
-
-#define DEFINE_KERNEL(NAME, TILE, XT, WT)                                                     \
-void NAME(const XT* x, const WT* w, const float* scale, const float* bias, float* y,          \
-          int R, int K, int N, int nthreads) {                                                \
-    int tiles = (N + NB - 1) / NB;                                                            \
-    _Pragma("omp parallel for num_threads(nthreads) schedule(dynamic, 4)")                    \
-    for (int t = 0; t < tiles; ++t) {                                                         \
-        int n0 = t * NB, nend = n0 + NB < N ? n0 + NB : N;                                    \
-        int nb = nend - n0 == NB ? NB : 1;                                                    \
-        for (int n = n0; n < nend; n += nb) {                                                 \
-            const WT* wn = w + (long)n * K;                                                   \
-            for (int r0 = 0; r0 < R; r0 += RB) {                                              \
-                int rows = R - r0 < RB ? R - r0 : RB;                                         \
-                float out[RB][NB];                                                            \
-                CALL_TILE(TILE, x + (long)r0 * K, wn, rows, nb, K, out);                      \
-                for (int j = 0; j < nb; ++j) {                                                \
-                    float s = scale ? scale[n + j] : 1.0f, b = bias ? bias[n + j] : 0.0f;     \
-                    for (int r = 0; r < rows; ++r)                                            \
-                        y[(long)(r0 + r) * N + n + j] = out[r][j] * s + b;                    \
-                }                                                                             \
-            }                                                                                 \
-        }                                                                                     \
-    }                                                                                         \
+static inline void store_group(float* y, long N, int n0, int rows, const __m512 out[RB],
+                               const float* scale, const float* bias) {
+    int valid = N - n0 < G ? (int)(N - n0) : G;
+    __mmask16 m = (__mmask16)((1u << valid) - 1u);
+    __m512 s = scale ? _mm512_maskz_loadu_ps(m, scale + n0) : _mm512_set1_ps(1.0f);
+    __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + n0) : _mm512_setzero_ps();
+    for (int r = 0; r < rows; ++r) {
+        __m512 v = _mm512_mul_ps(out[r], s);
+        if (bias) v = _mm512_add_ps(v, b);
+        _mm512_mask_storeu_ps(y + (long)r * N + n0, m, v);
+    }
 }
 
-DEFINE_KERNEL(gemv_i8, tile_i8, float, int8_t)
-DEFINE_KERNEL(gemv_bf16, tile_bf16, float, uint16_t)
+#define DEFINE_KERNEL(NAME, GROUP, WT)                                                         \
+void NAME(const float* x, const WT* w, const float* scale, const float* bias, float* y,        \
+          int R, int K, int N, int nthreads) {                                                 \
+    int groups = (N + G - 1) / G;                                                              \
+    _Pragma("omp parallel for num_threads(nthreads) schedule(dynamic, 2)")                     \
+    for (int g = 0; g < groups; ++g) {                                                         \
+        const WT* wg = w + (long)g * K * G;                                                    \
+        for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
+            int rows = R - r0 < RB ? R - r0 : RB;                                              \
+            __m512 out[RB];                                                                    \
+            const float* xb = x + (long)r0 * K;                                                \
+            switch (rows) {                                                                    \
+                case 4: GROUP(xb, wg, 4, K, out); break;                                       \
+                case 3: GROUP(xb, wg, 3, K, out); break;                                       \
+                case 2: GROUP(xb, wg, 2, K, out); break;                                       \
+                default: GROUP(xb, wg, 1, K, out); break;                                      \
+            }                                                                                  \
+            store_group(y + (long)r0 * N, N, g * G, rows, out, scale, bias);                   \
+        }                                                                                      \
+    }                                                                                          \
+}
+
+DEFINE_KERNEL(gemv_i8, group_i8, int8_t)
+DEFINE_KERNEL(gemv_bf16, group_bf16, uint16_t)
 
 #ifdef __AVX512BF16__
-/* bfloat16 weights AND activations with the bf16 dot-product instruction (vdpbf16ps: pairs of
-   exact bf16 products accumulated in float32, twice the multiply-adds of an fp32 FMA). One
-   output at a time, four accumulators over k in steps of 128 (fixed order, any row count): on
-   the dev EPYC this beat the 4x4 tile above by 2x at one row and matched it at 4 and 8. */
+/* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
+   lane; a missing k is zero). acc[r][j] sums pairs p = 4i + j, the tail into acc[r][0]. */
+static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
+    uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
+    return _mm512_set1_epi32((int)(lo | (hi << 16)));
+}
+static inline __attribute__((always_inline))
+void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    int P = (K + 1) / 2, p = 0;
+    for (; p + 4 <= P && 2 * p + 8 <= K; p += 4) {
+        _mm_prefetch((const char*)(wg + (long)(p + 32) * 2 * G), _MM_HINT_T0);
+        for (int j = 0; j < 4; ++j) {
+            __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)(p + j) * 2 * G);
+            for (int r = 0; r < rows; ++r) {
+                const uint16_t* xr = x + (long)r * K;
+                int xi; memcpy(&xi, xr + 2 * (p + j), 4);
+                __m512i xv = _mm512_set1_epi32(xi);
+                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)xv, w);
+            }
+        }
+    }
+    for (; p < P; ++p) {
+        __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)p * 2 * G);
+        for (int r = 0; r < rows; ++r)
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
+    }
+    for (int r = 0; r < rows; ++r)
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+}
+
+void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
+                 int R, int K, int N, int nthreads) {
+    int groups = (N + G - 1) / G;
+    long gstride = (long)((K + 1) / 2) * 2 * G;
+    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 2)
+    for (int g = 0; g < groups; ++g) {
+        const uint16_t* wg = w + (long)g * gstride;
+        for (int r0 = 0; r0 < R; r0 += RB) {
+            int rows = R - r0 < RB ? R - r0 : RB;
+            __m512 out[RB];
+            const uint16_t* xb = x + (long)r0 * K;
+            switch (rows) {
+                case 4: group_bf16dp(xb, wg, 4, K, out); break;
+                case 3: group_bf16dp(xb, wg, 3, K, out); break;
+                case 2: group_bf16dp(xb, wg, 2, K, out); break;
+                default: group_bf16dp(xb, wg, 1, K, out); break;
+            }
+            store_group(y + (long)r0 * N, N, g * G, rows, out, scale, bias);
+        }
+    }
+}
+/* The row-wise layout (``gemvrow-bf16dp``): w as given, [N][K]; one output at a time, four
+   accumulators over k in steps of 128, then steps of 32 into the first, a fixed 16-lane
+   reduction and a scalar tail. */
+static inline float bf16_to_f32(uint16_t v) { uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f; }
 static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16_t* x, const uint16_t* w, int rows, int K, float out[RB]) {
     __m512 acc[RB][4];
     for (int r = 0; r < RB; ++r)
@@ -142,12 +193,12 @@ static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16
     for (int r = 0; r < rows; ++r) {
         __m512 s = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
         float t = _mm512_reduce_add_ps(s);
-        for (int kk = k; kk < K; ++kk) t += w_scalar_bf16(w, kk) * w_scalar_bf16(x + (long)r * K, kk);
+        for (int kk = k; kk < K; ++kk) t += bf16_to_f32(w[kk]) * bf16_to_f32(x[(long)r * K + kk]);
         out[r] = t;
     }
 }
 
-void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
+void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
                  int R, int K, int N, int nthreads) {
     #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
     for (int n = 0; n < N; ++n) {

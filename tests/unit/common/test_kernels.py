@@ -19,10 +19,11 @@ from tts_common.kernels.candidates import (
     FAMILIES,
     NOT_BATCH_INVARIANT,
     candidate_available,
+    kernel_revision,
     make_candidate,
     quantize_int8,
 )
-from tts_common.kernels.gemv import gemv, gemv_available, gemv_reference
+from tts_common.kernels.gemv import bf16_dot_available, gemv, gemv_available, gemv_reference, pack_weight
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
@@ -41,30 +42,49 @@ def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
     return nn.Linear(fan_in, fan_out, bias=bias)
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
-@settings(max_examples=40, deadline=None)
-@given(
-    rows=st.integers(1, 11),
-    fan_in=st.integers(1, 300),
-    fan_out=st.integers(1, 40),
-    int8=st.booleans(),
-    bias=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_gemv_equals_its_torch_reference(
-    rows: int, fan_in: int, fan_out: int, int8: bool, bias: bool, seed: int
-) -> None:
+GEMV_KINDS = ["int8", "bf16", *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else [])]
+"""Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
+row-wise."""
+
+
+def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int):  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
-    weight, scale = quantize_int8(w) if int8 else (w.bfloat16(), None)
+    weight, scale = quantize_int8(w) if kind == "int8" else (w.bfloat16(), None)
+    if kind.startswith("bf16dp"):
+        x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
-    got, want = gemv(x, weight, scale, b), gemv_reference(x, weight, scale, b)
+    return x, weight, scale, b
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(GEMV_KINDS),
+    rows=st.integers(1, 11),
+    fan_in=st.integers(1, 700),
+    fan_out=st.integers(1, 70),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemv_equals_its_torch_reference_and_a_row_alone(
+    kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int
+) -> None:
+    x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, bias, seed)
+    rows_layout = kind == "bf16dp-rows"
+    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
+    got = gemv(x, packed, scale, b, rows_layout=rows_layout)
+    want = gemv_reference(x, weight, scale, b)
     # float32 sums of the same exact products in another order: error ~ eps * sum |x w|.
     bound = (
         1e-5 * (x.float().abs() @ (weight.float().abs() * (1 if scale is None else scale[:, None])).T) + 1e-6
     )
     assert (got - want).abs().le(bound).all()
+    # Batch invariance: each row, alone or in any leading slice, has the same bits.
+    for r in range(rows):
+        assert torch.equal(gemv(x[r : r + 1], packed, scale, b, rows_layout=rows_layout), got[r : r + 1]), r
+        assert torch.equal(gemv(x[: r + 1], packed, scale, b, rows_layout=rows_layout), got[: r + 1]), r
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -188,10 +208,27 @@ def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None
     shape, kernels = (32, 48, False), ("torch-bf16", "gemv-bf16dp")
     choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
     cached = json.loads(choice.table_path().read_text())
-    cached[f"gemv-bf16dp|{choice.shape_key(shape)}|t{torch.get_num_threads()}"] = {"1": 1e-12}
+    key = f"gemv-bf16dp{kernel_revision('gemv-bf16dp')}|{choice.shape_key(shape)}|t{torch.get_num_threads()}"
+    cached[key] = {"1": 1e-12}
     choice.table_path().write_text(json.dumps(cached))
     table = choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
     assert table.chosen == {shape: "torch-bf16"}
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+def test_a_cached_timing_of_another_build_of_our_kernel_is_measured_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Our kernel's timings are keyed by its source: a cache written by an earlier (slower or
+    # faster) build must not choose for this one.
+    shape, kernels = (32, 48, False), ("gemv-int8",)
+    stale = f"gemv-int8|{choice.shape_key(shape)}|t{torch.get_num_threads()}"  # before revisions
+    choice.table_path().parent.mkdir(parents=True, exist_ok=True)
+    choice.table_path().write_text(json.dumps({stale: {"1": 1e-12}}))
+    measured = []
+    real = choice.time_kernels
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: measured.append(a) or real(*a, **k))
+    table = choice.measure_kernels({shape}, "int8", (1,), kernels=kernels)
+    assert measured and table.seconds[shape]["gemv-int8"][1] > 1e-12
 
 
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
