@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -29,7 +30,7 @@ from torch import nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .gemv import bf16_dot_available, gemv, gemv_available, pack_weight
+from .gemv import GROUP, bf16_dot_available, gemv, gemv_available, pack_weight
 from .gemv_source import SOURCE
 
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -171,6 +172,45 @@ class GemvLinear(KernelLinear):
         return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
 
 
+def fuse_outputs(layers: Sequence[nn.Module | None]) -> GemvLinear | None:
+    """One :class:`GemvLinear` computing ``layers`` (same input, outputs concatenated), or None
+    where they cannot share a call: not all our packed kernel of one kind, or an output count
+    that does not fill whole groups of 16. Each output channel is summed alone, so the fused
+    call gives every channel the same bits as its own layer does."""
+    first = layers[0]
+    if not isinstance(first, GemvLinear) or first._packed is None:
+        return None
+    for layer in layers:
+        if not (
+            isinstance(layer, GemvLinear)
+            and layer._packed is not None
+            and layer.kernel == first.kernel
+            and layer.in_features == first.in_features
+            and layer.out_features % GROUP == 0
+            and (layer.bias is None) == (first.bias is None)
+            and (layer.scale is None) == (first.scale is None)
+        ):
+            return None
+    parts: list[GemvLinear] = layers  # type: ignore[assignment]
+
+    def cat(name: str) -> torch.Tensor | None:
+        tensors = [getattr(layer, name) for layer in parts]
+        return None if tensors[0] is None else torch.cat(tensors)
+
+    fused = GemvLinear.__new__(GemvLinear)
+    KernelLinear.__init__(fused, nn.Linear(first.in_features, 1, device="meta"))
+    fused.out_features = sum(layer.out_features for layer in parts)
+    fused.kernel, fused.input_dtype = first.kernel, first.input_dtype
+    fused.bf16_dot, fused.rows_layout = first.bf16_dot, False
+    weight = cat("weight")
+    assert weight is not None
+    fused._packed = dataclasses.replace(first._packed, data=weight, out_features=fused.out_features)
+    fused.register_buffer("weight", weight)
+    fused.register_buffer("scale", cat("scale"))
+    fused.register_buffer("bias", cat("bias"))
+    return fused
+
+
 class PackedLinear(KernelLinear):
     """Pre-packed oneDNN (:class:`~tts_common.onednn_linear.OneDnnLinear`) in the family's dtype."""
 
@@ -244,6 +284,7 @@ __all__ = [
     "KernelLinear",
     "NOT_BATCH_INVARIANT",
     "candidate_available",
+    "fuse_outputs",
     "kernel_revision",
     "make_candidate",
     "quantize_int8",

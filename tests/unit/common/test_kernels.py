@@ -19,6 +19,7 @@ from tts_common.kernels.candidates import (
     FAMILIES,
     NOT_BATCH_INVARIANT,
     candidate_available,
+    fuse_outputs,
     kernel_revision,
     make_candidate,
     quantize_int8,
@@ -248,3 +249,57 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
     finally:
         gemv_module._library.cache_clear()
     assert len(built[0]) == 1 and len(built[1]) == 2
+
+
+FUSABLE_KERNELS = [k for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp") if candidate_available(k)]
+
+
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=20, deadline=None)
+@given(
+    kernel=st.sampled_from(FUSABLE_KERNELS or ["gemv-int8"]),
+    groups=st.lists(st.integers(1, 4), min_size=2, max_size=3),
+    fan_in=st.integers(1, 300),
+    bias=st.booleans(),
+    rows=st.integers(1, 9),
+    seed=st.integers(0, 999),
+)
+def test_fused_projections_give_each_channel_its_own_layers_bits(
+    kernel: str, groups: list[int], fan_in: int, bias: bool, rows: int, seed: int
+) -> None:
+    parts = [make_candidate(kernel, _linear(fan_in, 16 * g, bias, seed + i)) for i, g in enumerate(groups)]
+    fused = fuse_outputs(parts)
+    assert fused is not None and fused.out_features == 16 * sum(groups)
+    x = torch.randn(rows, fan_in, generator=torch.Generator().manual_seed(seed)).to(fused.input_dtype)
+    with torch.inference_mode():
+        assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
+        assert torch.equal(fused(x[:1]), fused(x)[:1])  # and batch-invariant
+
+
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler or no AVX-512 on this machine")
+def test_only_whole_groups_of_one_kernel_are_fused() -> None:
+    kernel = FUSABLE_KERNELS[0]
+    whole = make_candidate(kernel, _linear(32, 16, False, 0))
+    assert fuse_outputs([whole, make_candidate(kernel, _linear(32, 24, False, 1))]) is None
+    assert fuse_outputs([whole, make_candidate(kernel, _linear(32, 16, True, 1))]) is None
+    assert fuse_outputs([whole, make_candidate("torch-bf16", _linear(32, 16, False, 1))]) is None
+    assert fuse_outputs([whole, None]) is None
+
+
+@pytest.mark.skipif(
+    not candidate_available("gemv-int8"), reason="no C compiler or no AVX-512 on this machine"
+)
+def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tts_common.layers import GatedMLP
+
+    torch.manual_seed(0)
+    fused, separate = GatedMLP(48, 64), GatedMLP(48, 64)
+    separate.load_state_dict(fused.state_dict())
+    described, _ = choice.set_up_linears(fused, "cpu", torch.float32, "gemv", "int8", (1, 4))
+    assert fused.gate_up_proj is not None and fused.gate_proj is None and "fused" in described
+    monkeypatch.setattr(choice, "fuse_outputs", lambda layers: None)
+    choice.set_up_linears(separate, "cpu", torch.float32, "gemv", "int8", (1, 4))
+    assert separate.gate_up_proj is None
+    x = torch.randn(5, 3, 48)
+    with torch.inference_mode():
+        assert torch.equal(fused(x), separate(x))
