@@ -124,7 +124,9 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
     int P = (K + 1) / 2, p = 0;
     for (; p + 4 <= P && 2 * p + 8 <= K; p += 4) {
-        _mm_prefetch((const char*)(wg + (long)(p + 32) * 2 * G), _MM_HINT_T0);
+        /* Every line of the stream, 8 KiB ahead: measured best at 8 rows of 0/1-in-4/all lines at
+           2-16 KiB ahead, and within noise of none at one row. */
+        for (int q = 0; q < 4; ++q) _mm_prefetch((const char*)(wg + (long)(p + 128 + q) * 2 * G), _MM_HINT_T0);
         for (int j = 0; j < 4; ++j) {
             __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)(p + j) * 2 * G);
             for (int r = 0; r < rows; ++r) {
