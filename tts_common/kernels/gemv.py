@@ -9,10 +9,10 @@ weights are pre-packed once (:func:`pack_weight`: groups of 16 output channels, 
 thread reads contiguous memory and no output needs a horizontal sum (see :mod:`.gemv_source`).
 
 Build: the C source (:mod:`.gemv_source`) is compiled with the machine's C compiler
-(``$CC`` or ``cc``, ``-O3 -march=native -fopenmp``) into a cache directory
+(``$CC`` or ``cc``, ``-O3 -march=native -pthread``) into a cache directory
 (:func:`tts_common.kernels.cache.cache_dir`), keyed by the source, the compiler flags and the CPU
 model and flags, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
-no torch headers, a build of about a second). Where the compiler, OpenMP or AVX-512 is missing
+no torch headers, a build of about a second). Where the compiler or AVX-512 is missing
 :func:`gemv_available` is False and callers use the pure-torch path (:func:`gemv_reference`),
 which computes the same sums in torch.
 
@@ -44,7 +44,7 @@ from .gemv_source import SOURCE
 
 logger = logging.getLogger(__name__)
 
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw"})
 """CPU flags the kernel needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits)."""
 

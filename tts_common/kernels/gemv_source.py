@@ -16,9 +16,9 @@ int8 weights at 10-17 GB/s on the dev EPYC; packed, 22-28 GB/s (``bench/gemv_ben
 Each output sums in one order whatever the rows: four accumulators by k mod 4 (pairs of k for the
 dot product), the K tail into the first, then ``(a0 + a1) + (a2 + a3)``; the scale and bias are
 applied after. So a row's result never depends on its batch or which rows share its pass.
-Groups go to OpenMP threads dynamically, two at a time (on a shared machine a descheduled thread
-does not hold the whole call back; each output is computed alone, so the split never changes a
-bit).
+Groups are shared, two at a time, between the calling thread and our own workers, without a
+join barrier (see the comment above ``share``; each output is computed alone, so the split never
+changes a bit).
 
 ``gemv_bf16dp_rows`` keeps the row-wise dot-product kernel (weights as given): on the dev EPYC it
 reads bf16 weights faster at one row and slower at eight; the kernel choice measures both.
@@ -85,12 +85,116 @@ static inline void store_group(float* y, long N, int n0, int rows, const __m512 
     }
 }
 
+
+/* ---- Work sharing without a join barrier ----
+   OpenMP ends every parallel region at a barrier that waits for every thread, even one that got
+   no work: with passive waiting (the stack's setting on shared hosts) a sleeping thread takes
+   50-90 us to wake on the dev VM, as long as a whole GEMV; with active waiting a thread the OS
+   descheduled holds every call back (seconds per step on a busy shared host). Here the calling
+   thread starts at once and the workers help with what is left: chunks are claimed from an atomic
+   counter, the caller waits only for chunks a worker has claimed, and a worker that wakes after
+   the last chunk was claimed finds nothing to do. Workers spin briefly, then sleep on a futex.
+   Each output is computed alone, so who computes a chunk never changes a bit. */
+#include <limits.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <linux/futex.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+typedef struct {
+    const void* x; const void* w; const float* scale; const float* bias; float* y;
+    int R, K, N;
+} gemv_args;
+typedef void (*range_fn)(const gemv_args* a, int begin, int end);
+
+#define MAX_WORKERS 63
+#define SPIN 4000 /* pause loops (~100-250 us) before a worker sleeps: the gap between calls */
+
+typedef struct {
+    range_fn fn; gemv_args args; int count, chunk;
+    atomic_int next, done, busy;
+} task_t;
+
+static task_t tasks[2];              /* generation g uses tasks[g & 1] */
+static atomic_int generation;
+static atomic_int sleepers;
+static int workers;
+static pthread_mutex_t workers_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static void run_task(task_t* t) {
+    int chunks = (t->count + t->chunk - 1) / t->chunk;
+    for (;;) {
+        int c = atomic_fetch_add(&t->next, 1);
+        if (c >= chunks) return;
+        int begin = c * t->chunk, end = begin + t->chunk < t->count ? begin + t->chunk : t->count;
+        t->fn(&t->args, begin, end);
+        atomic_fetch_add(&t->done, 1);
+    }
+}
+
+static void* worker_main(void* unused) {
+    (void)unused;
+    int seen = atomic_load(&generation);
+    for (;;) {
+        int g, spins = 0;
+        while ((g = atomic_load(&generation)) == seen) {
+            if (++spins < SPIN) { _mm_pause(); continue; }
+            atomic_fetch_add(&sleepers, 1);
+            syscall(SYS_futex, &generation, FUTEX_WAIT_PRIVATE, seen, NULL, NULL, 0);
+            atomic_fetch_sub(&sleepers, 1);
+            spins = 0;
+        }
+        seen = g;
+        task_t* t = &tasks[g & 1];
+        atomic_fetch_add(&t->busy, 1);
+        /* Only while g is current: the caller rewrites tasks[g & 1] for g + 2, after g + 1. */
+        if (atomic_load(&generation) == g) run_task(t);
+        atomic_fetch_sub(&t->busy, 1);
+    }
+    return NULL;
+}
+
+static int ensure_workers(int n) {
+    if (n > MAX_WORKERS) n = MAX_WORKERS;
+    if (workers >= n) return workers;
+    pthread_mutex_lock(&workers_lock);
+    while (workers < n) {
+        pthread_t th;
+        if (pthread_create(&th, NULL, worker_main, NULL) != 0) break;
+        pthread_detach(th);
+        ++workers;
+    }
+    pthread_mutex_unlock(&workers_lock);
+    return workers;
+}
+
+static pthread_mutex_t call_lock = PTHREAD_MUTEX_INITIALIZER;
+
+/* fn over [0, count) in chunks, on the calling thread and up to nthreads - 1 workers. */
+static void share(range_fn fn, const gemv_args* a, int count, int chunk, int nthreads) {
+    if (nthreads <= 1 || count <= chunk || ensure_workers(nthreads - 1) == 0) {
+        fn(a, 0, count);
+        return;
+    }
+    pthread_mutex_lock(&call_lock); /* one call at a time shares the workers */
+    int g = atomic_load(&generation) + 1;
+    task_t* t = &tasks[g & 1];
+    while (atomic_load(&t->busy)) _mm_pause(); /* a late worker still looking at g - 1 */
+    t->fn = fn; t->args = *a; t->count = count; t->chunk = chunk;
+    atomic_store(&t->next, 0); atomic_store(&t->done, 0);
+    atomic_store(&generation, g);
+    if (atomic_load(&sleepers)) syscall(SYS_futex, &generation, FUTEX_WAKE_PRIVATE, INT_MAX, NULL, NULL, 0);
+    run_task(t);
+    int chunks = (count + chunk - 1) / chunk;
+    while (atomic_load(&t->done) < chunks) _mm_pause(); /* only chunks a worker claimed */
+    pthread_mutex_unlock(&call_lock);
+}
+
 #define DEFINE_KERNEL(NAME, GROUP, WT)                                                         \
-void NAME(const float* x, const WT* w, const float* scale, const float* bias, float* y,        \
-          int R, int K, int N, int nthreads) {                                                 \
-    int groups = (N + G - 1) / G;                                                              \
-    _Pragma("omp parallel for num_threads(nthreads) schedule(dynamic, 2)")                     \
-    for (int g = 0; g < groups; ++g) {                                                         \
+static void NAME##_groups(const gemv_args* a, int begin, int end) {                            \
+    const float* x = a->x; const WT* w = a->w; int R = a->R, K = a->K, N = a->N;               \
+    for (int g = begin; g < end; ++g) {                                                        \
         const WT* wg = w + (long)g * K * G;                                                    \
         for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
@@ -102,9 +206,14 @@ void NAME(const float* x, const WT* w, const float* scale, const float* bias, fl
                 case 2: GROUP(xb, wg, 2, K, out); break;                                       \
                 default: GROUP(xb, wg, 1, K, out); break;                                      \
             }                                                                                  \
-            store_group(y + (long)r0 * N, N, g * G, rows, out, scale, bias);                   \
+            store_group(a->y + (long)r0 * N, N, g * G, rows, out, a->scale, a->bias);          \
         }                                                                                      \
     }                                                                                          \
+}                                                                                              \
+void NAME(const float* x, const WT* w, const float* scale, const float* bias, float* y,        \
+          int R, int K, int N, int nthreads) {                                                 \
+    gemv_args a = {x, w, scale, bias, y, R, K, N};                                             \
+    share(NAME##_groups, &a, (N + G - 1) / G, 2, nthreads);                                    \
 }
 
 DEFINE_KERNEL(gemv_i8, group_i8, int8_t)
@@ -146,12 +255,10 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
         out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
 }
 
-void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
-                 int R, int K, int N, int nthreads) {
-    int groups = (N + G - 1) / G;
+static void bf16dp_groups(const gemv_args* a, int begin, int end) {
+    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K, N = a->N;
     long gstride = (long)((K + 1) / 2) * 2 * G;
-    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 2)
-    for (int g = 0; g < groups; ++g) {
+    for (int g = begin; g < end; ++g) {
         const uint16_t* wg = w + (long)g * gstride;
         for (int r0 = 0; r0 < R; r0 += RB) {
             int rows = R - r0 < RB ? R - r0 : RB;
@@ -163,9 +270,15 @@ void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const
                 case 2: group_bf16dp(xb, wg, 2, K, out); break;
                 default: group_bf16dp(xb, wg, 1, K, out); break;
             }
-            store_group(y + (long)r0 * N, N, g * G, rows, out, scale, bias);
+            store_group(a->y + (long)r0 * N, N, g * G, rows, out, a->scale, a->bias);
         }
     }
+}
+
+void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
+                 int R, int K, int N, int nthreads) {
+    gemv_args a = {x, w, scale, bias, y, R, K, N};
+    share(bf16dp_groups, &a, (N + G - 1) / G, 2, nthreads);
 }
 /* The row-wise layout (``gemvrow-bf16dp``): w as given, [N][K]; one output at a time, four
    accumulators over k in steps of 128, then steps of 32 into the first, a fixed 16-lane
@@ -200,12 +313,11 @@ static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16
     }
 }
 
-void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
-                 int R, int K, int N, int nthreads) {
-    #pragma omp parallel for num_threads(nthreads) schedule(dynamic, 16)
-    for (int n = 0; n < N; ++n) {
+static void bf16dp_rows(const gemv_args* a, int begin, int end) {
+    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    for (int n = begin; n < end; ++n) {
         const uint16_t* wn = w + (long)n * K;
-        float s = scale ? scale[n] : 1.0f, b = bias ? bias[n] : 0.0f;
+        float s = a->scale ? a->scale[n] : 1.0f, b = a->bias ? a->bias[n] : 0.0f;
         for (int r0 = 0; r0 < R; r0 += RB) {
             int rows = R - r0 < RB ? R - r0 : RB;
             float out[RB];
@@ -217,9 +329,15 @@ void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, 
                 case 2: gemv_bf16dp_block(xb, wn, 2, K, out); break;
                 default: gemv_bf16dp_block(xb, wn, 1, K, out); break;
             }
-            for (int r = 0; r < rows; ++r) y[(long)(r0 + r) * N + n] = out[r] * s + b;
+            for (int r = 0; r < rows; ++r) a->y[(long)(r0 + r) * N + n] = out[r] * s + b;
         }
     }
+}
+
+void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
+                      int R, int K, int N, int nthreads) {
+    gemv_args a = {x, w, scale, bias, y, R, K, N};
+    share(bf16dp_rows, &a, N, 16, nthreads);
 }
 int has_bf16dp(void) { return 1; }
 #else

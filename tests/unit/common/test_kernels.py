@@ -5,6 +5,7 @@ rounding; the choice kept per shape, cached, and one kernel for every bucket."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -303,3 +304,42 @@ def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) ->
     x = torch.randn(5, 3, 48)
     with torch.inference_mode():
         assert torch.equal(fused(x), separate(x))
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=12, deadline=None)
+@given(
+    kind=st.sampled_from(GEMV_KINDS),
+    rows=st.integers(1, 9),
+    fan_in=st.integers(1, 400),
+    fan_out=st.integers(1, 300),
+    threads=st.integers(2, 4),
+    seed=st.integers(0, 999),
+)
+def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
+    kind: str, rows: int, fan_in: int, fan_out: int, threads: int, seed: int
+) -> None:
+    # The calling thread and our workers split the outputs (no join barrier): a split, whoever
+    # computes a chunk, and calls from several Python threads at once never change a bit.
+    x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, True, seed)
+    rows_layout = kind == "bf16dp-rows"
+    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
+    alone = gemv(x, packed, scale, b, rows_layout=rows_layout)  # one torch thread (the fixture)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results: list[torch.Tensor] = []
+
+        def call() -> None:
+            for _ in range(20):
+                results.append(gemv(x, packed, scale, b, rows_layout=rows_layout))
+
+        callers = [threading.Thread(target=call) for _ in range(3)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+        assert torch.equal(gemv(x[:1], packed, scale, b, rows_layout=rows_layout), alone[:1])
+    finally:
+        torch.set_num_threads(before)
+    assert len(results) == 60 and all(torch.equal(r, alone) for r in results)
