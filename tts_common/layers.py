@@ -91,15 +91,24 @@ def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.T
 class GatedMLP(nn.Module):
     """Gated MLP: ``down(act(gate(x)) * up(x))``, no biases (SiLU by default)."""
 
+    FUSED_PROJECTIONS = {"gate_up_proj": ("gate_proj", "up_proj")}
+    """Projections of one input that a CPU kernel may compute in one call (see
+    :func:`tts_common.kernels.choice.use_kernels`): ``gate_up_proj`` then replaces both."""
+
     def __init__(self, hidden: int, intermediate: int, act: str = "silu") -> None:
         super().__init__()
         self.gate_proj = nn.Linear(hidden, intermediate, bias=False)
         self.up_proj = nn.Linear(hidden, intermediate, bias=False)
         self.down_proj = nn.Linear(intermediate, hidden, bias=False)
+        self.gate_up_proj: nn.Module | None = None
         self.act = ACTIVATIONS[act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
+        if self.gate_up_proj is not None:
+            gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        else:
+            gate, up = self.gate_proj(x), self.up_proj(x)
+        return self.down_proj(self.act(gate) * up)
 
 
 __all__ = ["ACTIVATIONS", "GatedMLP", "RMSNorm", "RotaryEmbedding", "apply_rope"]

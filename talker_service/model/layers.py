@@ -88,6 +88,10 @@ def write_and_read_kv(
 class Attention(nn.Module):
     """GQA self-attention with per-head q/k RMSNorm before RoPE, no biases by default."""
 
+    FUSED_PROJECTIONS = {"qkv_proj": ("q_proj", "k_proj", "v_proj")}
+    """Projections of one input that a CPU kernel may compute in one call (see
+    :func:`tts_common.kernels.choice.use_kernels`): ``qkv_proj`` then replaces all three."""
+
     def __init__(
         self, hidden: int, heads: int, kv_heads: int, head_dim: int, eps: float, bias: bool = False
     ) -> None:
@@ -98,6 +102,7 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.v_proj = nn.Linear(hidden, kv_heads * head_dim, bias=bias)
         self.o_proj = nn.Linear(heads * head_dim, hidden, bias=bias)
+        self.qkv_proj: nn.Module | None = None
         self.q_norm = RMSNorm(head_dim, eps)
         self.k_norm = RMSNorm(head_dim, eps)
 
@@ -111,9 +116,14 @@ class Attention(nn.Module):
         spec: AttentionSpec,
     ) -> torch.Tensor:
         b, s, _ = x.shape
-        q = self.q_norm(self.q_proj(x).view(b, s, -1, self.head_dim)).transpose(1, 2)
-        k = self.k_norm(self.k_proj(x).view(b, s, -1, self.head_dim)).transpose(1, 2)
-        v = self.v_proj(x).view(b, s, -1, self.head_dim).transpose(1, 2)
+        if self.qkv_proj is not None:
+            kv_width = self.kv_heads * self.head_dim
+            q, k, v = self.qkv_proj(x).split([self.heads * self.head_dim, kv_width, kv_width], dim=-1)
+        else:
+            q, k, v = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        q = self.q_norm(q.view(b, s, -1, self.head_dim)).transpose(1, 2)
+        k = self.k_norm(k.view(b, s, -1, self.head_dim)).transpose(1, 2)
+        v = v.view(b, s, -1, self.head_dim).transpose(1, 2)
         q = apply_rope(q, cos, sin)
         k = apply_rope(k, cos, sin)
         keys, values = write_and_read_kv(k_buf, v_buf, k, v, spec)

@@ -6,7 +6,8 @@ among them changes only the summation order (last bits), never the model:
 
 * ``float32``: ``torch-fp32`` (``F.linear``: MKL) and ``onednn-fp32`` (pre-packed oneDNN);
 * ``bfloat16``: ``torch-bf16``, ``onednn-bf16``, ``gemv-bf16`` (ours, :mod:`.gemv`: float32
-  FMAs) and ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product);
+  FMAs), ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product) and ``gemvrow-bf16dp`` (the
+  same instruction on the weight as given, row-wise: another summation order);
 * ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
   int8``): ``torch-int8`` (``torch._weight_int8pack_mm``) and ``gemv-int8`` (ours).
 
@@ -19,17 +20,22 @@ it is timed for the table, as the reference, but never kept (:data:`NOT_BATCH_IN
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .gemv import bf16_dot_available, gemv, gemv_available
+from .gemv import GROUP, bf16_dot_available, gemv, gemv_available, pack_weight
+from .gemv_source import SOURCE
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
-    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp"),
+    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp"),
     "int8": ("torch-int8", "gemv-int8"),
 }
 """Candidate kernels of each family, the library default first."""
@@ -123,8 +129,10 @@ class TorchInt8Linear(KernelLinear):
 
 
 class GemvLinear(KernelLinear):
-    """Our AVX-512 kernel (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights; bf16
-    activations are widened to float32 and the result rounded back, as torch's bf16 GEMM does."""
+    """Our AVX-512 kernel (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights, packed
+    once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
+    dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
+    as torch's bf16 GEMM does (the dot-product kernels take them as they are)."""
 
     def __init__(
         self,
@@ -132,24 +140,75 @@ class GemvLinear(KernelLinear):
         weight_dtype: torch.dtype,
         quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
         bf16_dot: bool = False,
+        rows_layout: bool = False,
     ) -> None:
         super().__init__(linear)
-        self.bf16_dot = bf16_dot
+        self.bf16_dot, self.rows_layout = bf16_dot, rows_layout
         if weight_dtype == torch.int8:
             self.kernel, self.input_dtype = "gemv-int8", torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
-            self.register_buffer("weight", q)
-            self.register_buffer("scale", scale)
         else:
-            self.kernel, self.input_dtype = ("gemv-bf16dp" if bf16_dot else "gemv-bf16"), torch.bfloat16
-            self.register_buffer("weight", linear.weight.detach().to(torch.bfloat16).contiguous())
-            self.register_buffer("scale", None)
+            self.kernel = "gemv-bf16" if not bf16_dot else "gemvrow-bf16dp" if rows_layout else "gemv-bf16dp"
+            self.input_dtype = torch.bfloat16
+            q, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
+        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot)
+        self.register_buffer("weight", q if rows_layout else self._packed.data)
+        self.register_buffer("scale", scale)
         bias = linear.bias
         self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
+    def _apply(self, fn, recurse=True):  # type: ignore[no-untyped-def]
+        # .to()/.cpu() may replace the buffers: the packed view must follow the weight buffer.
+        out = super()._apply(fn, recurse)
+        if self._packed is not None:
+            self._packed = dataclasses.replace(self._packed, data=self.weight)
+        return out
+
     def rows(self, x: torch.Tensor) -> torch.Tensor:
-        y = gemv(x if self.bf16_dot else x.float(), self.weight, self.scale, self.bias)
+        weight = self.weight if self._packed is None else self._packed
+        y = gemv(
+            x if self.bf16_dot else x.float(), weight, self.scale, self.bias, rows_layout=self.rows_layout
+        )
         return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
+
+
+def fuse_outputs(layers: Sequence[nn.Module | None]) -> GemvLinear | None:
+    """One :class:`GemvLinear` computing ``layers`` (same input, outputs concatenated), or None
+    where they cannot share a call: not all our packed kernel of one kind, or an output count
+    that does not fill whole groups of 16. Each output channel is summed alone, so the fused
+    call gives every channel the same bits as its own layer does."""
+    first = layers[0]
+    if not isinstance(first, GemvLinear) or first._packed is None:
+        return None
+    for layer in layers:
+        if not (
+            isinstance(layer, GemvLinear)
+            and layer._packed is not None
+            and layer.kernel == first.kernel
+            and layer.in_features == first.in_features
+            and layer.out_features % GROUP == 0
+            and (layer.bias is None) == (first.bias is None)
+            and (layer.scale is None) == (first.scale is None)
+        ):
+            return None
+    parts: list[GemvLinear] = layers  # type: ignore[assignment]
+
+    def cat(name: str) -> torch.Tensor | None:
+        tensors = [getattr(layer, name) for layer in parts]
+        return None if tensors[0] is None else torch.cat(tensors)
+
+    fused = GemvLinear.__new__(GemvLinear)
+    KernelLinear.__init__(fused, nn.Linear(first.in_features, 1, device="meta"))
+    fused.out_features = sum(layer.out_features for layer in parts)
+    fused.kernel, fused.input_dtype = first.kernel, first.input_dtype
+    fused.bf16_dot, fused.rows_layout = first.bf16_dot, False
+    weight = cat("weight")
+    assert weight is not None
+    fused._packed = dataclasses.replace(first._packed, data=weight, out_features=fused.out_features)
+    fused.register_buffer("weight", weight)
+    fused.register_buffer("scale", cat("scale"))
+    fused.register_buffer("bias", cat("bias"))
+    return fused
 
 
 class PackedLinear(KernelLinear):
@@ -168,11 +227,20 @@ class PackedLinear(KernelLinear):
         return packed_linear(x, self.weight, self.bias, self.in_features, self.out_features)
 
 
+def kernel_revision(name: str) -> str:
+    """What identifies this version of kernel ``name`` in a cached timing (empty for library
+    kernels, which the cache file's torch version identifies): ours changes with its source,
+    and a timing of an earlier build must not choose for this one."""
+    if name.startswith("gemv"):
+        return "@" + hashlib.sha256(SOURCE.encode()).hexdigest()[:10]
+    return ""
+
+
 def candidate_available(name: str) -> bool:
     """Whether kernel ``name`` runs on this machine and torch build."""
     if name.startswith("onednn"):
         return onednn_linear_available()
-    if name == "gemv-bf16dp":
+    if name in ("gemv-bf16dp", "gemvrow-bf16dp"):
         return bf16_dot_available()
     if name.startswith("gemv"):
         return gemv_available()
@@ -204,6 +272,8 @@ def make_candidate(
         return GemvLinear(linear, torch.bfloat16)
     if name == "gemv-bf16dp":
         return GemvLinear(linear, torch.bfloat16, bf16_dot=True)
+    if name == "gemvrow-bf16dp":
+        return GemvLinear(linear, torch.bfloat16, bf16_dot=True, rows_layout=True)
     raise ValueError(f"unknown kernel {name!r} (choose from {', '.join(CANDIDATES)})")
 
 
@@ -214,6 +284,8 @@ __all__ = [
     "KernelLinear",
     "NOT_BATCH_INVARIANT",
     "candidate_available",
+    "fuse_outputs",
+    "kernel_revision",
     "make_candidate",
     "quantize_int8",
 ]

@@ -4,13 +4,15 @@ weights, float32 activations, AVX-512, built for this machine on first use.
 Why: at one to a few rows a decode step's linear is bound by reading its weight, and the library
 kernels measured on the dev EPYC (torch fp32/bf16, oneDNN, ``torch._weight_int8pack_mm``) read
 the talker's weights well below the machine's read bandwidth (see ``bench/gemv_bench.py``). This
-kernel streams each weight row once for all rows of the batch and converts it in registers.
+kernel streams each weight once for all rows of the batch and converts it in registers; the
+weights are pre-packed once (:func:`pack_weight`: groups of 16 output channels, k-major) so each
+thread reads contiguous memory and no output needs a horizontal sum (see :mod:`.gemv_source`).
 
 Build: the C source (:mod:`.gemv_source`) is compiled with the machine's C compiler
-(``$CC`` or ``cc``, ``-O3 -march=native -fopenmp``) into a cache directory
+(``$CC`` or ``cc``, ``-O3 -march=native -pthread``) into a cache directory
 (:func:`tts_common.kernels.cache.cache_dir`), keyed by the source, the compiler flags and the CPU
 model and flags, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
-no torch headers, a build of about a second). Where the compiler, OpenMP or AVX-512 is missing
+no torch headers, a build of about a second). Where the compiler or AVX-512 is missing
 :func:`gemv_available` is False and callers use the pure-torch path (:func:`gemv_reference`),
 which computes the same sums in torch.
 
@@ -30,6 +32,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -41,7 +44,7 @@ from .gemv_source import SOURCE
 
 logger = logging.getLogger(__name__)
 
-CFLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
+CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw"})
 """CPU flags the kernel needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits)."""
 
@@ -79,7 +82,7 @@ def _library() -> ctypes.CDLL | None:
             os.replace(out, target)  # atomic: a concurrent build sees the whole file or none
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp"):
+    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows"):
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
@@ -103,32 +106,82 @@ def _ptr(t: torch.Tensor | None) -> int | None:
     return None if t is None else t.data_ptr()
 
 
+GROUP = 16
+"""Output channels per packed group (one AVX-512 lane each)."""
+
+
+@dataclass(frozen=True)
+class PackedWeight:
+    """A [N, K] weight in the kernel's packed layout (:func:`pack_weight`)."""
+
+    data: torch.Tensor
+    """int8 or bfloat16: ``[ceil(N/16), K, 16]``, or ``[ceil(N/16), ceil(K/2), 16, 2]`` with
+    ``pairs`` (the bf16 dot product); channels and k past the weight's are zero."""
+    out_features: int
+    in_features: int
+    pairs: bool
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.data.dtype
+
+
+def pack_weight(weight: torch.Tensor, pairs: bool = False) -> PackedWeight:
+    """``weight`` [N, K] (int8 or bfloat16) in groups of 16 output channels, k-major (with
+    ``pairs``: pairs of k, for bfloat16 activations), zero-padded."""
+    n, k = weight.shape
+    n_pad = -(-n // GROUP) * GROUP
+    k_pad = k + (k % 2 if pairs else 0)
+    padded = torch.zeros(n_pad, k_pad, dtype=weight.dtype)
+    padded[:n, :k] = weight
+    if pairs:
+        data = padded.view(n_pad // GROUP, GROUP, k_pad // 2, 2).permute(0, 2, 1, 3)
+    else:
+        data = padded.view(n_pad // GROUP, GROUP, k_pad).permute(0, 2, 1)
+    return PackedWeight(data.contiguous(), n, k, pairs)
+
+
 def gemv(
-    x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
+    x: torch.Tensor,
+    weight: torch.Tensor | PackedWeight,
+    scale: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
+    *,
+    rows_layout: bool = False,
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
     ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required) or bfloat16 [N, K],
-    ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights
-    uses the bf16 dot-product instruction (:func:`bf16_dot_available`): exact products of the
-    same bf16 values, float32 sums.
+    packed (:func:`pack_weight`; a plain tensor is packed for this call), ``bias`` float32 [N] or
+    None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights uses the bf16
+    dot-product instruction (:func:`bf16_dot_available`): exact products of the same bf16
+    values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight instead (the
+    row-wise kernel, another summation order).
     """
     lib = _library()
     if lib is None:
         raise RuntimeError("the GEMV kernel is not available on this machine (see gemv_available)")
     rows, k = x.shape
-    n = weight.shape[0]
     bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
-    if weight.shape[1] != k or not (x.dtype == torch.float32 or bf16_dot):
-        raise ValueError(
-            f"x {tuple(x.shape)} {x.dtype} does not fit weight {tuple(weight.shape)} {weight.dtype}"
-        )
+    if isinstance(weight, PackedWeight):
+        n, fan_in = weight.out_features, weight.in_features
+        if rows_layout or weight.pairs != bf16_dot:
+            raise ValueError("this packed weight does not fit the activations' dtype or layout")
+    else:
+        n, fan_in = weight.shape
+    if fan_in != k or not (x.dtype == torch.float32 or bf16_dot):
+        raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight [{n}, {fan_in}] {weight.dtype}")
+    if isinstance(weight, torch.Tensor) and not rows_layout:
+        weight = pack_weight(weight, pairs=bf16_dot)
+    data = weight.data if isinstance(weight, PackedWeight) else weight.contiguous()
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=torch.float32)
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
-        fn = lib.gemv_bf16dp
+        fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16dp
+    elif rows_layout:
+        raise ValueError("the row-wise layout is the bf16 dot product's only")
     elif weight.dtype == torch.int8:
         if scale is None:
             raise ValueError("int8 weights need their per-channel scales")
@@ -139,7 +192,7 @@ def gemv(
         raise ValueError(f"unsupported weight dtype {weight.dtype}")
     fn(
         x.data_ptr(),
-        weight.data_ptr(),
+        data.data_ptr(),
         _ptr(scale),
         _ptr(bias),
         y.data_ptr(),
@@ -163,4 +216,4 @@ def gemv_reference(
     return y
 
 
-__all__ = ["bf16_dot_available", "gemv", "gemv_available", "gemv_reference"]
+__all__ = ["PackedWeight", "bf16_dot_available", "gemv", "gemv_available", "gemv_reference", "pack_weight"]

@@ -5,6 +5,7 @@ rounding; the choice kept per shape, cached, and one kernel for every bucket."""
 from __future__ import annotations
 
 import json
+import threading
 
 import pytest
 import torch
@@ -19,10 +20,12 @@ from tts_common.kernels.candidates import (
     FAMILIES,
     NOT_BATCH_INVARIANT,
     candidate_available,
+    fuse_outputs,
+    kernel_revision,
     make_candidate,
     quantize_int8,
 )
-from tts_common.kernels.gemv import gemv, gemv_available, gemv_reference
+from tts_common.kernels.gemv import bf16_dot_available, gemv, gemv_available, gemv_reference, pack_weight
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
@@ -41,30 +44,49 @@ def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
     return nn.Linear(fan_in, fan_out, bias=bias)
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
-@settings(max_examples=40, deadline=None)
-@given(
-    rows=st.integers(1, 11),
-    fan_in=st.integers(1, 300),
-    fan_out=st.integers(1, 40),
-    int8=st.booleans(),
-    bias=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
-def test_gemv_equals_its_torch_reference(
-    rows: int, fan_in: int, fan_out: int, int8: bool, bias: bool, seed: int
-) -> None:
+GEMV_KINDS = ["int8", "bf16", *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else [])]
+"""Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
+row-wise."""
+
+
+def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int):  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
-    weight, scale = quantize_int8(w) if int8 else (w.bfloat16(), None)
+    weight, scale = quantize_int8(w) if kind == "int8" else (w.bfloat16(), None)
+    if kind.startswith("bf16dp"):
+        x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
-    got, want = gemv(x, weight, scale, b), gemv_reference(x, weight, scale, b)
+    return x, weight, scale, b
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=60, deadline=None)
+@given(
+    kind=st.sampled_from(GEMV_KINDS),
+    rows=st.integers(1, 11),
+    fan_in=st.integers(1, 700),
+    fan_out=st.integers(1, 70),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_gemv_equals_its_torch_reference_and_a_row_alone(
+    kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int
+) -> None:
+    x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, bias, seed)
+    rows_layout = kind == "bf16dp-rows"
+    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
+    got = gemv(x, packed, scale, b, rows_layout=rows_layout)
+    want = gemv_reference(x, weight, scale, b)
     # float32 sums of the same exact products in another order: error ~ eps * sum |x w|.
     bound = (
         1e-5 * (x.float().abs() @ (weight.float().abs() * (1 if scale is None else scale[:, None])).T) + 1e-6
     )
     assert (got - want).abs().le(bound).all()
+    # Batch invariance: each row, alone or in any leading slice, has the same bits.
+    for r in range(rows):
+        assert torch.equal(gemv(x[r : r + 1], packed, scale, b, rows_layout=rows_layout), got[r : r + 1]), r
+        assert torch.equal(gemv(x[: r + 1], packed, scale, b, rows_layout=rows_layout), got[: r + 1]), r
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -188,10 +210,27 @@ def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None
     shape, kernels = (32, 48, False), ("torch-bf16", "gemv-bf16dp")
     choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
     cached = json.loads(choice.table_path().read_text())
-    cached[f"gemv-bf16dp|{choice.shape_key(shape)}|t{torch.get_num_threads()}"] = {"1": 1e-12}
+    key = f"gemv-bf16dp{kernel_revision('gemv-bf16dp')}|{choice.shape_key(shape)}|t{torch.get_num_threads()}"
+    cached[key] = {"1": 1e-12}
     choice.table_path().write_text(json.dumps(cached))
     table = choice.measure_kernels({shape}, "bfloat16", (1,), kernels=kernels)
     assert table.chosen == {shape: "torch-bf16"}
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+def test_a_cached_timing_of_another_build_of_our_kernel_is_measured_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Our kernel's timings are keyed by its source: a cache written by an earlier (slower or
+    # faster) build must not choose for this one.
+    shape, kernels = (32, 48, False), ("gemv-int8",)
+    stale = f"gemv-int8|{choice.shape_key(shape)}|t{torch.get_num_threads()}"  # before revisions
+    choice.table_path().parent.mkdir(parents=True, exist_ok=True)
+    choice.table_path().write_text(json.dumps({stale: {"1": 1e-12}}))
+    measured = []
+    real = choice.time_kernels
+    monkeypatch.setattr(choice, "time_kernels", lambda *a, **k: measured.append(a) or real(*a, **k))
+    table = choice.measure_kernels({shape}, "int8", (1,), kernels=kernels)
+    assert measured and table.seconds[shape]["gemv-int8"][1] > 1e-12
 
 
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
@@ -211,3 +250,96 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
     finally:
         gemv_module._library.cache_clear()
     assert len(built[0]) == 1 and len(built[1]) == 2
+
+
+FUSABLE_KERNELS = [k for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp") if candidate_available(k)]
+
+
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=20, deadline=None)
+@given(
+    kernel=st.sampled_from(FUSABLE_KERNELS or ["gemv-int8"]),
+    groups=st.lists(st.integers(1, 4), min_size=2, max_size=3),
+    fan_in=st.integers(1, 300),
+    bias=st.booleans(),
+    rows=st.integers(1, 9),
+    seed=st.integers(0, 999),
+)
+def test_fused_projections_give_each_channel_its_own_layers_bits(
+    kernel: str, groups: list[int], fan_in: int, bias: bool, rows: int, seed: int
+) -> None:
+    parts = [make_candidate(kernel, _linear(fan_in, 16 * g, bias, seed + i)) for i, g in enumerate(groups)]
+    fused = fuse_outputs(parts)
+    assert fused is not None and fused.out_features == 16 * sum(groups)
+    x = torch.randn(rows, fan_in, generator=torch.Generator().manual_seed(seed)).to(fused.input_dtype)
+    with torch.inference_mode():
+        assert torch.equal(fused(x), torch.cat([p(x) for p in parts], dim=-1))
+        assert torch.equal(fused(x[:1]), fused(x)[:1])  # and batch-invariant
+
+
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler or no AVX-512 on this machine")
+def test_only_whole_groups_of_one_kernel_are_fused() -> None:
+    kernel = FUSABLE_KERNELS[0]
+    whole = make_candidate(kernel, _linear(32, 16, False, 0))
+    assert fuse_outputs([whole, make_candidate(kernel, _linear(32, 24, False, 1))]) is None
+    assert fuse_outputs([whole, make_candidate(kernel, _linear(32, 16, True, 1))]) is None
+    assert fuse_outputs([whole, make_candidate("torch-bf16", _linear(32, 16, False, 1))]) is None
+    assert fuse_outputs([whole, None]) is None
+
+
+@pytest.mark.skipif(
+    not candidate_available("gemv-int8"), reason="no C compiler or no AVX-512 on this machine"
+)
+def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from tts_common.layers import GatedMLP
+
+    torch.manual_seed(0)
+    fused, separate = GatedMLP(48, 64), GatedMLP(48, 64)
+    separate.load_state_dict(fused.state_dict())
+    described, _ = choice.set_up_linears(fused, "cpu", torch.float32, "gemv", "int8", (1, 4))
+    assert fused.gate_up_proj is not None and fused.gate_proj is None and "fused" in described
+    monkeypatch.setattr(choice, "fuse_outputs", lambda layers: None)
+    choice.set_up_linears(separate, "cpu", torch.float32, "gemv", "int8", (1, 4))
+    assert separate.gate_up_proj is None
+    x = torch.randn(5, 3, 48)
+    with torch.inference_mode():
+        assert torch.equal(fused(x), separate(x))
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+@settings(max_examples=12, deadline=None)
+@given(
+    kind=st.sampled_from(GEMV_KINDS),
+    rows=st.integers(1, 9),
+    fan_in=st.integers(1, 400),
+    fan_out=st.integers(1, 300),
+    threads=st.integers(2, 4),
+    seed=st.integers(0, 999),
+)
+def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
+    kind: str, rows: int, fan_in: int, fan_out: int, threads: int, seed: int
+) -> None:
+    # The calling thread and our workers split the outputs (no join barrier): a split, whoever
+    # computes a chunk, and calls from several Python threads at once never change a bit.
+    x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, True, seed)
+    rows_layout = kind == "bf16dp-rows"
+    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
+    alone = gemv(x, packed, scale, b, rows_layout=rows_layout)  # one torch thread (the fixture)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        results: list[torch.Tensor] = []
+
+        def call() -> None:
+            for _ in range(20):
+                results.append(gemv(x, packed, scale, b, rows_layout=rows_layout))
+
+        callers = [threading.Thread(target=call) for _ in range(3)]
+        for t in callers:
+            t.start()
+        for t in callers:
+            t.join()
+        assert torch.equal(gemv(x[:1], packed, scale, b, rows_layout=rows_layout), alone[:1])
+    finally:
+        torch.set_num_threads(before)
+    assert len(results) == 60 and all(torch.equal(r, alone) for r in results)
