@@ -1,7 +1,7 @@
 """Several prompts prefilled in one forward (``TalkerRunner.prefill`` of a group): each request's
 K/V, decode state and codes (greedy, and sampled given its seed) are bit-identical to its prompt
 prefilled alone, whatever the lengths of the prompts beside it, with the CPU kernels an engine
-chooses for float32 and bfloat16; requests arriving together while others run are prefilled
+chooses for float32, bfloat16 and int8; requests arriving together while others run are prefilled
 together and get their official codes; the grouping into forwards bounds the padding."""
 
 from __future__ import annotations
@@ -31,12 +31,15 @@ MAX_LEN = 96
 STEPS = 2
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+@pytest.fixture(
+    scope="module", params=[("float32", "none"), ("bfloat16", "none"), ("float32", "int8")], ids=str
+)
 def model(request: pytest.FixtureRequest) -> TalkerModel:
-    m = TalkerModel.from_checkpoint(CKPT_DIR / NAME, dtype=getattr(torch, request.param))
+    dtype, quantization = request.param
+    m = TalkerModel.from_checkpoint(CKPT_DIR / NAME, dtype=getattr(torch, dtype))
     if not onednn_linear_available():
         pytest.skip("torch built without oneDNN")
-    set_up_linears(m.talker, m.device, m.dtype, "auto", "none", (1, 2, 4, 8))
+    set_up_linears(m.talker, m.device, m.dtype, "auto", quantization, (1, 2, 4, 8))
     assert all(type(mod) is not torch.nn.Linear for mod in m.talker.modules())
     return m
 
