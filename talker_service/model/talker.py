@@ -153,7 +153,6 @@ class Talker(nn.Module):
         cache: KVCache,
         slots: int | torch.Tensor | None,
         attend_len: int,
-        prefill: bool = False,
         in_place: InPlaceAttention | None = None,
     ) -> torch.Tensor:
         """Run new tokens through the talker, writing their K/V into the cache.
@@ -161,18 +160,15 @@ class Talker(nn.Module):
         inputs_embeds [B, S, H]; positions [B, S] (per-row cache/RoPE positions); ``slots``: see
         :class:`~talker_service.model.layers.AttentionSpec` (int = one slot, None = row b is slot
         b, tensor [B] = slot per row). ``attend_len`` (static) must be > every position.
-        ``prefill=True`` declares positions 0..S-1 of a single row with ``attend_len == S`` and
-        uses SDPA's causal mode (the reference's unmasked prefill path).
+        (Prompts go through :func:`~talker_service.model.step.prefill_prompts`, which attends
+        each with SDPA's causal mode, the reference's unmasked prefill path.)
         ``in_place`` (one new token per row, rows = slots 0..B-1, ``attend_len`` = the slot
         length): row b attends to keys [0, positions[b] + 1) read in place from its slot
         (:mod:`.decode_attention`).
         Returns the final-norm hidden states [B, S, H] (``past_hidden`` source).
         """
         mask = None
-        if prefill:
-            if positions.shape[0] != 1 or attend_len != positions.shape[1]:
-                raise ValueError("prefill=True needs one row at positions 0..S-1 and attend_len == S")
-        elif in_place is not None:
+        if in_place is not None:
             if slots is not None or positions.shape[1] != 1 or attend_len != cache.max_len:
                 raise ValueError("in-place attention needs rows in slots 0..B-1, one token, the whole slot")
             in_place.set_lengths(positions[:, 0] + 1)
@@ -184,7 +180,7 @@ class Talker(nn.Module):
             slots=slots,
             attend_len=attend_len,
             mask=mask,
-            is_causal=prefill,
+            is_causal=False,
             in_place=in_place,
         )
         hidden = self.model.run_layers(inputs_embeds, cache.k, cache.v, spec)

@@ -41,7 +41,7 @@ def _prefill_logits(m: TalkerModel, line: dict) -> torch.Tensor:
     n = x.shape[1]
     cache = m.allocate_cache(1, n + 1)
     with torch.inference_mode():
-        hidden = m.talker(x, torch.arange(n)[None], cache, 0, n, prefill=True)
+        hidden = m.talker(x, torch.arange(n)[None], cache, 0, n)  # every position's logits
         return m.talker.logits(hidden[0])
 
 
