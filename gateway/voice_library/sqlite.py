@@ -97,15 +97,17 @@ class _ConnectionPool:
             try:
                 rows = await conn.execute_fetchall("PRAGMA journal_mode = WAL")
             except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or loop.time() + delay_s > deadline:
+                if "locked" not in str(exc):
                     raise
+                failure = exc
             else:
                 # A change that could not be made answers the mode in force instead of an error.
                 mode = str(next(iter(rows))[0]).lower() if rows else ""
                 if mode == "wal":
                     return
-                if loop.time() + delay_s > deadline:
-                    raise sqlite3.OperationalError(f"the voice store cannot use WAL (journal mode {mode!r})")
+                failure = sqlite3.OperationalError(f"the voice store cannot use WAL (journal mode {mode!r})")
+            if loop.time() + delay_s > deadline:
+                raise failure
             await asyncio.sleep(delay_s)
             delay_s = min(delay_s * 2, 0.1)
 
