@@ -2,6 +2,13 @@
 
 All stride-1 convs pad on the left only and transposed convs trim on the right only, so none needs
 look-ahead (why: ``decoder`` module docstring); streaming protocol: ``primitives``.
+
+Layout: activations keep their logical shape [B, C, T] but are laid out time-major (channels last,
+strides ``(T * C, 1, C)``). oneDNN's channels-last convolutions are faster than its channels-first
+ones at these shapes on CPU (the 1x1 and k7 convs of the high-rate stages the most), the transposed
+convs' matmuls read and write that layout directly, and element-wise ops (SnakeBeta, residual sums)
+keep the layout of their input, so no layout conversion happens between layers. Only the summation
+order inside the convolutions changes (float rounding).
 """
 
 from __future__ import annotations
@@ -12,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
+from .primitives import DerivedCache, State, Stateful, cat_time, gather_time, zero_padding
 
 
 class CausalConv1d(Stateful):
@@ -33,16 +40,36 @@ class CausalConv1d(Stateful):
             return {}
         return {self.state_key: ((self.conv.in_channels, self.history), None)}
 
+    def _conv(self, x: Tensor) -> Tensor:
+        """``self.conv`` (no padding) over ``x`` [B, C, T], computed channels-last (module docstring).
+
+        A channels-last input selects oneDNN's channels-last kernels (the weight is reordered for
+        them either way); the result is time-major too.
+        """
+        conv = self.conv
+        y = F.conv2d(
+            x.unsqueeze(2).contiguous(memory_format=torch.channels_last),
+            conv.weight.unsqueeze(2),
+            conv.bias,
+            dilation=(1, conv.dilation[0]),
+            groups=conv.groups,
+        )
+        return y.squeeze(2)
+
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.pad(x, (self.history, 0)))
+        if self.history == 0:
+            return self._conv(x)
+        zeros = x.new_zeros((x.shape[0], x.shape[1], self.history))
+        return self._conv(cat_time([zeros, x]))
 
     def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
         if self.history == 0:
-            return self.conv(x)
-        full = torch.cat([state[self.state_key], x], dim=-1)
-        # row b's valid inputs end at history + lengths[b]: keep the `history` before that end.
-        new_state[self.state_key] = gather_time(full, lengths, self.history)
-        return self.conv(full)
+            return self._conv(x)
+        full = cat_time([state[self.state_key], x])
+        # row b's valid inputs end at history + lengths[b]: keep the `history` before that end
+        # (a copy: a view would keep this whole chunk's input alive until the next step)
+        new_state[self.state_key] = gather_time(full, lengths, self.history).clone()
+        return self._conv(full)
 
 
 class CausalConvTranspose1d(Stateful):
@@ -50,7 +77,9 @@ class CausalConvTranspose1d(Stateful):
 
     Computed as one matmul (every input frame times the [in, out*k] weight) followed by an
     overlap-add: PyTorch's CPU transposed convolution falls back to a slow path for short inputs
-    (streaming chunks), and one formulation for both paths keeps their numerics alike.
+    (streaming chunks), and one formulation for both paths keeps their numerics alike. Input and
+    output are time-major (module docstring): the matmul reads the input rows as they lie and the
+    overlap-add writes the output in place.
 
     Streaming state: the pending overlap — the ``k - s`` output samples past the current end that
     the inputs seen so far already contribute to (without bias); the next step adds them to its
@@ -71,7 +100,8 @@ class CausalConvTranspose1d(Stateful):
         return {self.state_key: ((self.conv.out_channels, self.overlap), None)}
 
     def _full(self, x: Tensor) -> Tensor:
-        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]."""
+        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]
+        (time-major, a fresh tensor)."""
         b, c_in, n = x.shape
         s, p, c_out = self.stride, self.segments, self.conv.out_channels
         # a[b, m, o, j]: contribution of input frame m to output sample m*s + j
@@ -79,13 +109,14 @@ class CausalConvTranspose1d(Stateful):
         a = a.view(b, n, c_out, self.kernel_size)
         if p * s != self.kernel_size:
             a = F.pad(a, (0, p * s - self.kernel_size))
-        a = a.view(b, n, c_out, p, s).permute(0, 2, 3, 1, 4)  # [B, out, p, n, s]
-        if p == 1:
-            return a[:, :, 0].reshape(b, c_out, n * s)
-        y = a.new_zeros((b, c_out, n + p - 1, s))
-        for i in range(p):
-            y[:, :, i : i + n] += a[:, :, i]
-        return y.view(b, c_out, (n + p - 1) * s)
+        a = a.view(b, n, c_out, p, s).permute(0, 3, 1, 4, 2)  # [B, p, n, s, out]
+        # y[b, f, j, o]: output sample f*s + j, time-major; segment i of frame m lands in f = m + i
+        y = a.new_empty((b, n + p - 1, s, c_out))
+        y[:, :n] = a[:, 0]
+        y[:, n:].zero_()
+        for i in range(1, p):
+            y[:, i : i + n] += a[:, i]
+        return y.view(b, (n + p - 1) * s, c_out).transpose(1, 2)
 
     def _bias(self, y: Tensor) -> Tensor:
         return y if self.conv.bias is None else y + self.conv.bias[:, None]
@@ -100,10 +131,11 @@ class CausalConvTranspose1d(Stateful):
         if lengths is not None:
             # padded inputs must not leak into the pending overlap of their row
             x = zero_padding(x, lengths)
-        y = self._full(x)
-        y = torch.cat([y[..., : self.overlap] + state[self.state_key], y[..., self.overlap :]], dim=-1)
+        y = self._full(x)  # a fresh tensor: the pending overlap is added in place
+        y[..., : self.overlap] += state[self.state_key]
+        # (a copy: a view would keep this whole step's output alive until the next step)
         if lengths is None:
-            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap]
+            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap].clone()
         else:
             new_state[self.state_key] = gather_time(y, lengths * self.stride, self.overlap)
         return self._bias(y[..., : n * self.stride])
