@@ -22,10 +22,32 @@ from torch import Tensor, nn
 from .primitives import DerivedCache, State, Stateful, cat_time, gather_time, zero_padding
 
 
+def _onednn_conv_available() -> bool:
+    """Whether this torch build has oneDNN and its pre-packed convolution operators."""
+    ops = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_convolution_weight")
+        and hasattr(ops, "_convolution_pointwise")
+    )
+
+
+PACKED_CONV_DTYPES = (torch.float32, torch.bfloat16)
+"""Dtypes whose CPU convolutions use a pre-packed oneDNN weight (see ``CausalConv1d``)."""
+
+
 class CausalConv1d(Stateful):
     """Stride-1 causal Conv1d: left zero pad ``(k-1)*dilation`` (no right pad is needed at stride 1).
 
     Streaming state: the last ``(k-1)*dilation`` inputs (zeros at the start == the zero padding).
+
+    On CPU (float32, bfloat16; inference, i.e. autograd off) the convolution runs oneDNN's kernel
+    with the weight reordered once into oneDNN's blocked layout and kept beside the parameter
+    (a second copy of the weight, recomputed when the parameter changes): ``F.conv2d`` reorders
+    the whole weight on every call, which dominates the large low-rate convs on short streaming
+    chunks (the 1024 -> 1536 k7 conv on a 2-frame chunk: ~7 ms instead of ~35 ms, 2 threads).
+    Same kernels, same results up to float rounding (the summation order may depend on the input
+    length, as it does with ``F.conv2d``).
     """
 
     def __init__(
@@ -34,6 +56,7 @@ class CausalConv1d(Stateful):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.history = (kernel_size - 1) * dilation
+        self._packed = DerivedCache()
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         if self.history == 0:
@@ -47,14 +70,30 @@ class CausalConv1d(Stateful):
         them either way); the result is time-major too.
         """
         conv = self.conv
-        y = F.conv2d(
-            x.unsqueeze(2).contiguous(memory_format=torch.channels_last),
-            conv.weight.unsqueeze(2),
-            conv.bias,
-            dilation=(1, conv.dilation[0]),
-            groups=conv.groups,
-        )
+        x4 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        dilation = [1, conv.dilation[0]]
+        if (
+            x.device.type == "cpu"
+            and x.dtype in PACKED_CONV_DTYPES
+            and x.dtype == conv.weight.dtype
+            and not torch.is_grad_enabled()
+            and _onednn_conv_available()
+        ):
+            packed = self._packed.get((conv.weight,), self._pack_weight)
+            y = torch.ops.mkldnn._convolution_pointwise(
+                x4, packed, conv.bias, [0, 0], [1, 1], dilation, conv.groups, "none", [], ""
+            )
+        else:
+            y = F.conv2d(x4, conv.weight.unsqueeze(2), conv.bias, dilation=dilation, groups=conv.groups)
         return y.squeeze(2)
+
+    def _pack_weight(self) -> Tensor:
+        """The weight in oneDNN's blocked layout for channels-last inputs (opaque tensor)."""
+        conv = self.conv
+        weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        return torch.ops.mkldnn._reorder_convolution_weight(
+            weight, [0, 0], [1, 1], [1, conv.dilation[0]], conv.groups
+        )
 
     def forward(self, x: Tensor) -> Tensor:
         if self.history == 0:
