@@ -7,7 +7,7 @@ import torch.nn.functional as F
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from decoder_service.model.convolutions import CausalConv1d, CausalConvTranspose1d, DecoderBlock
+from decoder_service.model.convolutions import CausalConv1d, CausalConvTranspose1d, DecoderBlock, SnakeBeta
 from decoder_service.model.primitives import State, cat_time
 
 ROUNDING = 1e-5  # float32, O(1) values: only the summation order differs from torch's ops
@@ -126,3 +126,25 @@ def test_decoder_block_step_keeps_the_time_major_layout() -> None:
         h.remove()
     assert _is_time_major(out)
     assert seen and all(tm for _, tm in seen), seen
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    channels=st.integers(1, 8), frames=st.integers(1, 50), time_major=st.booleans(), seed=st.integers(0, 1000)
+)
+def test_snake_inference_path_equals_the_formula_bit_for_bit(
+    channels: int, frames: int, time_major: bool, seed: int
+) -> None:
+    """The fused in-place inference computation gives exactly the autograd path's formula."""
+    gen = torch.Generator().manual_seed(seed)
+    snake = SnakeBeta(channels)
+    with torch.no_grad():
+        snake.alpha.copy_(torch.randn(channels, generator=gen))
+        snake.beta.copy_(torch.randn(channels, generator=gen))
+    x = _input(2, channels, frames, time_major, seed) * 4
+    want = snake(x).detach()  # autograd on: x + inv_beta * sin(x * alpha) ** 2
+    with torch.inference_mode():
+        got = snake(x)
+    assert torch.equal(got, want)
+    if channels > 1 and frames > 1:  # (otherwise both layouts are the same)
+        assert _is_time_major(got) == time_major
