@@ -65,12 +65,9 @@ class CausalConv1d(Stateful):
             return {}
         return {self.state_key: ((self.conv.in_channels, self.history), None)}
 
-    def _conv(self, x: Tensor) -> Tensor:
-        """``self.conv`` (no padding) over ``x`` [B, C, T], computed channels-last (module docstring).
-
-        A channels-last input selects oneDNN's channels-last kernels (the weight is reordered for
-        them either way); the result is time-major too.
-        """
+    def _conv(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``self.conv`` (no padding) over ``x`` [B, C, T] (plus ``residual``, same shape as the
+        output), computed channels-last (module docstring); the result is time-major too."""
         conv = self.conv
         x4 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
         dilation = [1, conv.dilation[0]]
@@ -82,12 +79,30 @@ class CausalConv1d(Stateful):
             and _onednn_conv_available()
         ):
             packed = self._packed.get((conv.weight,), self._pack_weight)
+            if residual is not None:  # the sum as the kernel's post-op: same bits, one pass less
+                other = residual.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+                return torch.ops.mkldnn._convolution_pointwise.binary(
+                    x4,
+                    other,
+                    packed,
+                    conv.bias,
+                    [0, 0],
+                    [1, 1],
+                    dilation,
+                    conv.groups,
+                    "add",
+                    None,
+                    None,
+                    [],
+                    None,
+                ).squeeze(2)
             y = torch.ops.mkldnn._convolution_pointwise(
                 x4, packed, conv.bias, [0, 0], [1, 1], dilation, conv.groups, "none", [], ""
             )
         else:
             y = F.conv2d(x4, conv.weight.unsqueeze(2), conv.bias, dilation=dilation, groups=conv.groups)
-        return y.squeeze(2)
+        y = y.squeeze(2)
+        return y if residual is None else y + residual
 
     def _pack_weight(self) -> Tensor:
         """The weight in oneDNN's blocked layout for channels-last inputs (opaque tensor)."""
@@ -96,6 +111,14 @@ class CausalConv1d(Stateful):
         return torch.ops.mkldnn._reorder_convolution_weight(
             weight, [0, 0], [1, 1], [1, conv.dilation[0]], conv.groups
         )
+
+    def forward_plus(self, x: Tensor, residual: Tensor) -> Tensor:
+        """``self(x) + residual`` for a conv without history (kernel 1, nothing to stream); on CPU
+        the sum is fused into the convolution (a residual sum without its own pass; the same bits
+        in float32, rounded once instead of twice in bfloat16)."""
+        if self.history:
+            raise ValueError("forward_plus needs a kernel-1 conv")
+        return self._conv(x, residual)
 
     def forward(self, x: Tensor) -> Tensor:
         if self.history == 0:
@@ -252,11 +275,11 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(self.act2(self.conv1(self.act1(x)))) + x
+        return self.conv2.forward_plus(self.act2(self.conv1(self.act1(x))), x)
 
     def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
         h = self.conv1.step(self.act1(x), lengths, state, new_state)
-        return self.conv2(self.act2(h)) + x
+        return self.conv2.forward_plus(self.act2(h), x)
 
 
 class DecoderBlock(nn.Module):

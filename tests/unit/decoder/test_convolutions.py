@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 import torch
 import torch.nn.functional as F
 from hypothesis import given, settings
@@ -148,3 +149,30 @@ def test_snake_inference_path_equals_the_formula_bit_for_bit(
     assert torch.equal(got, want)
     if channels > 1 and frames > 1:  # (otherwise both layouts are the same)
         assert _is_time_major(got) == time_major
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    channels=st.integers(1, 8),
+    frames=st.integers(1, 50),
+    time_major=st.booleans(),
+    dtype=st.sampled_from([torch.float32, torch.bfloat16]),
+    seed=st.integers(0, 1000),
+)
+def test_conv_plus_residual_is_the_conv_then_the_sum_bit_for_bit(
+    channels: int, frames: int, time_major: bool, dtype: torch.dtype, seed: int
+) -> None:
+    """``forward_plus`` (the sum fused into the kernel on CPU) == conv, then add: the same bits
+    in float32; in bfloat16 the fused sum is rounded once instead of twice (within one rounding)."""
+    torch.manual_seed(seed)
+    conv = CausalConv1d(channels, channels, 1).to(dtype).eval()
+    x = _input(2, channels, frames, time_major, seed).to(dtype)
+    residual = _input(2, channels, frames, not time_major, seed + 1).to(dtype)
+    with torch.inference_mode():
+        got, want = conv.forward_plus(x, residual), conv(x) + residual
+    if dtype == torch.float32:
+        assert torch.equal(got, want)
+    else:
+        assert torch.allclose(got.float(), want.float(), rtol=2**-7, atol=2**-7)
+    with pytest.raises(ValueError, match="kernel-1"):
+        CausalConv1d(channels, channels, 3).forward_plus(x, residual)
