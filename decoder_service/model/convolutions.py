@@ -21,7 +21,7 @@ from torch import Tensor, nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .primitives import DerivedCache, State, Stateful, cat_time, gather_time, zero_padding
+from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
 
 
 def _onednn_conv_available() -> bool:
@@ -120,16 +120,37 @@ class CausalConv1d(Stateful):
             raise ValueError("forward_plus needs a kernel-1 conv")
         return self._conv(x, residual)
 
-    def forward(self, x: Tensor) -> Tensor:
-        if self.history == 0:
-            return self._conv(x)
-        zeros = x.new_zeros((x.shape[0], x.shape[1], self.history))
-        return self._conv(cat_time([zeros, x]))
+    def _with_history(self, history: Tensor | None, x: Tensor, act: SnakeBeta | None) -> Tensor:
+        """``history ‖ act(x)`` ([B, C, history + T], zeros for ``None``), time-major.
 
-    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+        ``act`` writes its result straight into the buffer: concatenating afterwards would cost
+        one more pass over a high-rate activation.
+        """
+        b, c, t = x.shape
+        full = x.new_empty((b, self.history + t, c)).transpose(1, 2)
+        if history is None:
+            full[..., : self.history].zero_()
+        else:
+            full[..., : self.history] = history
+        if act is None:
+            full[..., self.history :] = x
+        else:
+            act(x, out=full[..., self.history :])
+        return full
+
+    def forward(self, x: Tensor, act: SnakeBeta | None = None) -> Tensor:
+        """The conv over ``x`` (``act(x)`` if given) with the causal zero padding."""
         if self.history == 0:
-            return self._conv(x)
-        full = cat_time([state[self.state_key], x])
+            return self._conv(x if act is None else act(x))
+        return self._conv(self._with_history(None, x, act))
+
+    def step(
+        self, x: Tensor, lengths: Tensor | None, state: State, new_state: State, act: SnakeBeta | None = None
+    ) -> Tensor:
+        """One streaming step over ``x`` (``act(x)`` if given; the state holds ``act``'s outputs)."""
+        if self.history == 0:
+            return self._conv(x if act is None else act(x))
+        full = self._with_history(state[self.state_key], x, act)
         # row b's valid inputs end at history + lengths[b]: keep the `history` before that end
         # (a copy: a view would keep this whole chunk's input alive until the next step)
         new_state[self.state_key] = gather_time(full, lengths, self.history).clone()
@@ -249,19 +270,23 @@ class SnakeBeta(nn.Module):
         alpha, beta = self.alpha.float(), self.beta.float()
         return torch.stack([torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)])[:, None, :, None]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """The activation of ``x``; written into ``out`` (same shape and dtype) when given."""
         if x.dtype != torch.float32:
-            return self._forward_f32(x.float()).to(x.dtype)
-        return self._forward_f32(x)
+            y = self._forward_f32(x.float()).to(x.dtype)
+            return y if out is None else out.copy_(y)
+        return self._forward_f32(x, out)
 
-    def _forward_f32(self, x: Tensor) -> Tensor:
+    def _forward_f32(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         # tiny per-channel ops cost a thread-pool round trip each: computed once per weight load
         alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
         if torch.is_grad_enabled():
-            return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+            y = x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+            return y if out is None else out.copy_(y)
         # same values (products and sums commute exactly), one full-size temporary updated in
         # place (addcmul would save a pass but rounds differently: it fuses the multiply-add)
-        return (x * alpha).sin_().pow_(2).mul_(inv_beta).add_(x)
+        t = (x * alpha).sin_().pow_(2).mul_(inv_beta)
+        return t.add_(x) if out is None else torch.add(t, x, out=out)
 
 
 class ResidualUnit(nn.Module):
@@ -275,10 +300,10 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv2.forward_plus(self.act2(self.conv1(self.act1(x))), x)
+        return self.conv2.forward_plus(self.act2(self.conv1(x, act=self.act1)), x)
 
     def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
-        h = self.conv1.step(self.act1(x), lengths, state, new_state)
+        h = self.conv1.step(x, lengths, state, new_state, act=self.act1)
         return self.conv2.forward_plus(self.act2(h), x)
 
 

@@ -22,7 +22,7 @@ which keeps batched steps static-shape friendly (CUDA graphs, see ``cuda_graphs.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -46,15 +46,6 @@ def gather_time(x: Tensor, start: Tensor | None, size: int, dim: int = -1) -> Te
     view[dim] = size
     idx = idx.view(view).expand(*[size if d == dim else s for d, s in enumerate(x.shape)])
     return torch.gather(x, dim, idx)
-
-
-def cat_time(parts: Sequence[Tensor]) -> Tensor:
-    """``torch.cat(parts, dim=-1)`` of [B, C, T_i] tensors, laid out time-major (channels last).
-
-    The result has strides ``(T * C, 1, C)``: what the channels-last convolutions read without a
-    copy (``torch.cat`` itself lays a 3-D result out channels-first whatever its inputs' layout).
-    """
-    return torch.cat([p.transpose(1, 2) for p in parts], dim=1).transpose(1, 2)
 
 
 def zero_padding(x: Tensor, lengths: Tensor) -> Tensor:
