@@ -33,6 +33,7 @@ import torch
 from tts_common.release_dims import release_decoder_config
 
 PACKAGE = "decoder_service"
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def _cpu_model() -> str:
@@ -89,20 +90,29 @@ class Tree:
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--tree", action="append", default=[], help="NAME=PATH of a source tree (2 or more)")
+    p.add_argument(
+        "--tree",
+        action="append",
+        default=[],
+        help="NAME=PATH[:DTYPE] of a source tree (2 or more; DTYPE float32 or bfloat16, default --dtype)",
+    )
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--frames", type=int, default=50, help="frames per stream (12.5 frames/s)")
     p.add_argument("--streams", type=int, default=8, help="streams advanced together in the batched run")
     p.add_argument("--rounds", type=int, default=5, help="alternations of the trees")
-    p.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
+    p.add_argument("--dtype", choices=list(DTYPES), default="float32", help="default dtype of the trees")
     p.add_argument("--json", type=Path)
     args = p.parse_args(argv)
     trees_arg = dict(t.split("=", 1) for t in args.tree)
     if len(trees_arg) < 2:
-        p.error("give at least two --tree NAME=PATH")
+        p.error("give at least two --tree NAME=PATH[:DTYPE]")
     torch.set_num_threads(args.threads)
-    dtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[args.dtype]
-    trees = [Tree(name, Path(path), dtype) for name, path in trees_arg.items()]
+    trees: list[Tree] = []
+    for name, spec in trees_arg.items():
+        path, _, dtype_name = spec.partition(":")
+        if (dtype_name or args.dtype) not in DTYPES:
+            p.error(f"unknown dtype in --tree {name}={spec}")
+        trees.append(Tree(name, Path(path), DTYPES[dtype_name or args.dtype]))
     codebook = trees[0].decoder.config.codebook_size
     quantizers = trees[0].decoder.num_quantizers
     gen = torch.Generator().manual_seed(1)
@@ -148,13 +158,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "note": "shared machine: other processes used the same cores (±30%)",
         },
         "command": "python bench/decoder_cpu.py " + " ".join(argv if argv is not None else sys.argv[1:]),
-        "dtype": args.dtype,
+        "dtypes": {t.name: str(t.decoder.dtype).removeprefix("torch.") for t in trees},
         "frames_per_stream": args.frames,
         "rounds": args.rounds,
         "trees": trees_arg,
         "results": {name: {c: summary(xs) for c, xs in per.items()} for name, per in runs.items()},
-        f"audio_max_abs_diff_vs_{trees[0].name}": {
-            t.name: float((audio[t.name] - ref).abs().max()) for t in trees[1:]
+        f"audio_vs_{trees[0].name}": {
+            t.name: {
+                "max_abs_diff": float((audio[t.name] - ref).abs().max()),
+                # the measure of tests/unit/decoder/test_precision.py
+                "relative_l2": float((audio[t.name] - ref).norm() / ref.norm()),
+            }
+            for t in trees[1:]
         },
     }
     print(json.dumps(result, indent=2))

@@ -34,8 +34,10 @@ def _onednn_conv_available() -> bool:
     )
 
 
-PACKED_CONV_DTYPES = (torch.float32, torch.bfloat16)
-"""Dtypes whose CPU convolutions use a pre-packed oneDNN weight (see ``CausalConv1d``)."""
+PACKED_CONV_DTYPES = (torch.float32,)
+"""Dtypes whose CPU convolutions use a pre-packed oneDNN weight (see ``CausalConv1d``). Not
+bfloat16: with torch 2.13 its pre-packed 768-channel k7 conv took ~330 ms per call whatever the
+length (a per-call fallback), 10x ``F.conv2d``."""
 
 
 class CausalConv1d(Stateful):
@@ -43,7 +45,7 @@ class CausalConv1d(Stateful):
 
     Streaming state: the last ``(k-1)*dilation`` inputs (zeros at the start == the zero padding).
 
-    On CPU (float32, bfloat16; inference, i.e. autograd off) the convolution runs oneDNN's kernel
+    On CPU (float32; inference, i.e. autograd off) the convolution runs oneDNN's kernel
     with the weight reordered once into oneDNN's blocked layout and kept beside the parameter
     (a second copy of the weight, recomputed when the parameter changes): ``F.conv2d`` reorders
     the whole weight on every call, which dominates the large low-rate convs on short streaming
