@@ -116,8 +116,8 @@ class CausalConv1d(Stateful):
 
     def forward_plus(self, x: Tensor, residual: Tensor) -> Tensor:
         """``self(x) + residual`` for a conv without history (kernel 1, nothing to stream); on CPU
-        the sum is fused into the convolution (a residual sum without its own pass; the same bits
-        in float32, rounded once instead of twice in bfloat16)."""
+        in float32 the sum is fused into the convolution (a residual sum without its own pass, the
+        same bits)."""
         if self.history:
             raise ValueError("forward_plus needs a kernel-1 conv")
         return self._conv(x, residual)
