@@ -82,7 +82,7 @@ def _library() -> ctypes.CDLL | None:
             os.replace(out, target)  # atomic: a concurrent build sees the whole file or none
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows"):
+    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx"):
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
@@ -95,6 +95,22 @@ def bf16_dot_available() -> bool:
     bfloat16 activations (:func:`gemv` with a bfloat16 ``x``)."""
     lib = _library()
     return lib is not None and "avx512_bf16" in cpu_flags() and bool(lib.has_bf16dp())
+
+
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
+"""CPU flags of the AMX-BF16 kernel (``gemv_bf16amx``)."""
+
+
+def amx_bf16_available() -> bool:
+    """Whether the kernel has the AMX-BF16 tile kernel (:func:`gemv` with ``amx``): built with
+    it, on a CPU that has it, and the OS granted this process the tile state (Linux >= 5.16;
+    asked once, at the first call)."""
+    lib = _library()
+    return (
+        lib is not None
+        and AMX_FLAGS <= cpu_flags()
+        and bool(lib.has_amx_bf16())
+    )
 
 
 def gemv_available() -> bool:
@@ -148,6 +164,7 @@ def gemv(
     bias: torch.Tensor | None = None,
     *,
     rows_layout: bool = False,
+    amx: bool = False,
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
@@ -156,7 +173,8 @@ def gemv(
     None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights uses the bf16
     dot-product instruction (:func:`bf16_dot_available`): exact products of the same bf16
     values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight instead (the
-    row-wise kernel, another summation order).
+    row-wise kernel, another summation order); ``amx`` runs it on AMX-BF16 tiles
+    (:func:`amx_bf16_available`: the same packed weight, another summation order).
     """
     lib = _library()
     if lib is None:
@@ -179,7 +197,11 @@ def gemv(
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
-        fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16dp
+        if amx and (rows_layout or not amx_bf16_available()):
+            raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles for this layout on this machine")
+        fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16amx if amx else lib.gemv_bf16dp
+    elif amx:
+        raise ValueError("the AMX kernel takes bfloat16 activations and weights")
     elif rows_layout:
         raise ValueError("the row-wise layout is the bf16 dot product's only")
     elif weight.dtype == torch.int8:
@@ -216,4 +238,4 @@ def gemv_reference(
     return y
 
 
-__all__ = ["PackedWeight", "bf16_dot_available", "gemv", "gemv_available", "gemv_reference", "pack_weight"]
+__all__ = ["PackedWeight", "amx_bf16_available", "bf16_dot_available", "gemv", "gemv_available", "gemv_reference", "pack_weight"]

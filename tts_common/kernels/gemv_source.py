@@ -30,7 +30,7 @@ SOURCE = r"""
 #include <string.h>
 
 #define G 16   /* outputs per packed group: one vector lane each */
-#define RB 4   /* rows per pass over a group */
+#define RB 8   /* rows per pass over a group: 8 rows x 2 accumulators fill 16 of the 32 registers */
 #define PREFETCH 256  /* k steps ahead (4 KiB of int8): measured best of 0/64/256/512 at 8 rows */
 
 static inline __m512 load_w16_i8(const int8_t* p) {
@@ -42,37 +42,39 @@ static inline __m512 load_w16_bf16(const uint16_t* p) {
 }
 
 /* Packed weights: group g holds outputs 16g..16g+15 as [K][16] (k-major, one lane per output;
-   missing outputs of the last group are zero). acc[r][j] sums k = 4i + j for i = 0, 1, ...,
-   the K % 4 tail goes into acc[r][0], then ((a0 + a1) + (a2 + a3)): one order per output, for
-   any row count. */
+   missing outputs of the last group are zero). acc[r][j] sums the k = j (mod 2) in increasing
+   order, then a0 + a1: one order per output, for any row count.
+   Two accumulators (not four) so that all 8 rows of a pass stay in registers: one weight load and
+   widening then serves 8 FMAs, and 8 rows cost one pass over the weights; at one row two chains
+   of FMAs still retire 16 weights every 2 cycles, above what memory delivers. Lines are
+   prefetched one by one (the bf16 stream has two per 4 k). */
 #define DEFINE_GROUP(NAME, WT, LOADW)                                                          \
 static inline __attribute__((always_inline))                                                   \
 void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {                      \
-    __m512 acc[RB][4];                                                                         \
-    for (int r = 0; r < RB; ++r)                                                               \
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();                           \
+    __m512 acc[RB][2];                                                                         \
+    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
     int k = 0;                                                                                 \
     for (; k + 4 <= K; k += 4) {                                                               \
-        _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G), _MM_HINT_T0);                 \
+        for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64)                                \
+            _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
         for (int j = 0; j < 4; ++j) {                                                          \
             __m512 w = LOADW(wg + (long)(k + j) * G);                                          \
             for (int r = 0; r < rows; ++r)                                                     \
-                acc[r][j] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k + j]), w, acc[r][j]); \
+                acc[r][j & 1] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k + j]), w, acc[r][j & 1]); \
         }                                                                                      \
     }                                                                                          \
     for (; k < K; ++k) {                                                                       \
         __m512 w = LOADW(wg + (long)k * G);                                                    \
         for (int r = 0; r < rows; ++r)                                                         \
-            acc[r][0] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k]), w, acc[r][0]);     \
+            acc[r][k & 1] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k]), w, acc[r][k & 1]); \
     }                                                                                          \
-    for (int r = 0; r < rows; ++r)                                                             \
-        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])); \
+    for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);               \
 }
 
 DEFINE_GROUP(group_i8, int8_t, load_w16_i8)
 DEFINE_GROUP(group_bf16, uint16_t, load_w16_bf16)
 
-static inline void store_group(float* y, long N, int n0, int rows, const __m512 out[RB],
+static inline void store_group(float* y, long N, int n0, int rows, const __m512* out,
                                const float* scale, const float* bias) {
     int valid = N - n0 < G ? (int)(N - n0) : G;
     __mmask16 m = (__mmask16)((1u << valid) - 1u);
@@ -200,7 +202,12 @@ static void NAME##_groups(const gemv_args* a, int begin, int end) {             
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
             __m512 out[RB];                                                                    \
             const float* xb = x + (long)r0 * K;                                                \
+            /* A constant row count per call: the accumulators stay in registers. */           \
             switch (rows) {                                                                    \
+                case 8: GROUP(xb, wg, 8, K, out); break;                                       \
+                case 7: GROUP(xb, wg, 7, K, out); break;                                       \
+                case 6: GROUP(xb, wg, 6, K, out); break;                                       \
+                case 5: GROUP(xb, wg, 5, K, out); break;                                       \
                 case 4: GROUP(xb, wg, 4, K, out); break;                                       \
                 case 3: GROUP(xb, wg, 3, K, out); break;                                       \
                 case 2: GROUP(xb, wg, 2, K, out); break;                                       \
@@ -221,16 +228,16 @@ DEFINE_KERNEL(gemv_bf16, group_bf16, uint16_t)
 
 #ifdef __AVX512BF16__
 /* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
-   lane; a missing k is zero). acc[r][j] sums pairs p = 4i + j, the tail into acc[r][0]. */
+   lane; a missing k is zero). acc[r][j] sums the pairs p = j (mod 2) in increasing order, then
+   a0 + a1 (two accumulators, as in DEFINE_GROUP: all 8 rows of a pass in registers). */
 static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
     uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
     return _mm512_set1_epi32((int)(lo | (hi << 16)));
 }
 static inline __attribute__((always_inline))
 void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
-    __m512 acc[RB][4];
-    for (int r = 0; r < RB; ++r)
-        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
+    __m512 acc[RB][2];
+    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     int P = (K + 1) / 2, p = 0;
     for (; p + 4 <= P && 2 * p + 8 <= K; p += 4) {
         /* Every line of the stream, 8 KiB ahead: measured best at 8 rows of 0/1-in-4/all lines at
@@ -242,17 +249,16 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
                 const uint16_t* xr = x + (long)r * K;
                 int xi; memcpy(&xi, xr + 2 * (p + j), 4);
                 __m512i xv = _mm512_set1_epi32(xi);
-                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)xv, w);
+                acc[r][j & 1] = _mm512_dpbf16_ps(acc[r][j & 1], (__m512bh)xv, w);
             }
         }
     }
     for (; p < P; ++p) {
         __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)p * 2 * G);
         for (int r = 0; r < rows; ++r)
-            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
+            acc[r][p & 1] = _mm512_dpbf16_ps(acc[r][p & 1], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
     }
-    for (int r = 0; r < rows; ++r)
-        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+    for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);
 }
 
 static void bf16dp_groups(const gemv_args* a, int begin, int end) {
@@ -265,6 +271,10 @@ static void bf16dp_groups(const gemv_args* a, int begin, int end) {
             __m512 out[RB];
             const uint16_t* xb = x + (long)r0 * K;
             switch (rows) {
+                case 8: group_bf16dp(xb, wg, 8, K, out); break;
+                case 7: group_bf16dp(xb, wg, 7, K, out); break;
+                case 6: group_bf16dp(xb, wg, 6, K, out); break;
+                case 5: group_bf16dp(xb, wg, 5, K, out); break;
                 case 4: group_bf16dp(xb, wg, 4, K, out); break;
                 case 3: group_bf16dp(xb, wg, 3, K, out); break;
                 case 2: group_bf16dp(xb, wg, 2, K, out); break;
@@ -283,10 +293,11 @@ void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const
 /* The row-wise layout (``gemvrow-bf16dp``): w as given, [N][K]; one output at a time, four
    accumulators over k in steps of 128, then steps of 32 into the first, a fixed 16-lane
    reduction and a scalar tail. */
+#define ROWS_RB 4 /* rows per pass of the row-wise kernel: 4 accumulators each */
 static inline float bf16_to_f32(uint16_t v) { uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16_t* x, const uint16_t* w, int rows, int K, float out[RB]) {
-    __m512 acc[RB][4];
-    for (int r = 0; r < RB; ++r)
+static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16_t* x, const uint16_t* w, int rows, int K, float out[ROWS_RB]) {
+    __m512 acc[ROWS_RB][4];
+    for (int r = 0; r < ROWS_RB; ++r)
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
     int k = 0;
     for (; k + 128 <= K; k += 128) {
@@ -318,9 +329,9 @@ static void bf16dp_rows(const gemv_args* a, int begin, int end) {
     for (int n = begin; n < end; ++n) {
         const uint16_t* wn = w + (long)n * K;
         float s = a->scale ? a->scale[n] : 1.0f, b = a->bias ? a->bias[n] : 0.0f;
-        for (int r0 = 0; r0 < R; r0 += RB) {
-            int rows = R - r0 < RB ? R - r0 : RB;
-            float out[RB];
+        for (int r0 = 0; r0 < R; r0 += ROWS_RB) {
+            int rows = R - r0 < ROWS_RB ? R - r0 : ROWS_RB;
+            float out[ROWS_RB];
             const uint16_t* xb = x + (long)r0 * K;
             /* A constant row count per call: the accumulators stay in registers. */
             switch (rows) {
@@ -342,5 +353,116 @@ void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, 
 int has_bf16dp(void) { return 1; }
 #else
 int has_bf16dp(void) { return 0; }
+#endif
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+/* AMX-BF16 on the bf16 dot product's packed layout (``gemv-bf16amx``): a pair-row of a group is
+   64 bytes ([16][2] bf16), so 16 pairs (32 k) of a group are one 16 x 64-byte B tile, read as
+   they lie; up to 16 rows of x (32 k each) are the A tile; TDPBF16PS adds their products into a
+   16 rows x 16 outputs float32 tile. Each output sums its k blocks in increasing order into its
+   own tile element (a K % 32 tail from a zero-padded copy of x last), whatever the rows: a tile
+   element depends only on its own row of A, so the row count (the tile's configured rows) never
+   changes a bit. Two groups per pass (two accumulator tiles, one A tile) so that two TDPBF16PS
+   chains are in flight. Why: the instruction does 16 rows of a 1 KiB weight block in one go, so
+   8 rows cost about what one does (the weights are read once), where the AVX-512 dot product
+   pays an instruction per row. */
+#include <sys/syscall.h>
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} __attribute__((packed)) tile_config;
+
+#define AMX_ROWS 16
+#define ARCH_REQ_XCOMP_PERM 0x1023
+#define XFEATURE_XTILEDATA 18
+
+/* The OS must grant the process AMX's tile state (Linux >= 5.16); torch may have done it. */
+int has_amx_bf16(void) {
+    static atomic_int state; /* 0 not asked, 1 granted, -1 refused */
+    int s = atomic_load(&state);
+    if (s == 0) {
+        s = syscall(SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 ? 1 : -1;
+        atomic_store(&state, s);
+    }
+    return s > 0;
+}
+
+/* Tiles: 0, 1 accumulators (two groups); 2 the A block; 3, 4 the groups' B blocks; 5-7 the same
+   for the K tail of tail_pairs pairs (none where K % 32 == 0). */
+static void amx_configure(int rows, int tail_pairs) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 3; ++t) { c.rows[t] = (uint8_t)rows; c.colsb[t] = 64; }
+    for (int t = 3; t < 5; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
+    if (tail_pairs) {
+        c.rows[5] = (uint8_t)rows; c.colsb[5] = (uint16_t)(4 * tail_pairs);
+        for (int t = 6; t < 8; ++t) { c.rows[t] = (uint8_t)tail_pairs; c.colsb[t] = 64; }
+    }
+    _tile_loadconfig(&c);
+}
+
+static void bf16amx_groups(const gemv_args* a, int begin, int end) {
+    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    long gstride = (long)((K + 1) / 2) * 2 * G;
+    int kfull = K & ~31, tail_pairs = (K - kfull + 1) / 2;
+    uint16_t xtail[AMX_ROWS * 32] __attribute__((aligned(64)));
+    float acc[2][AMX_ROWS * G] __attribute__((aligned(64)));
+    int configured = 0;
+    /* The tile configuration is loaded per call (not cached per thread): other code on this
+       thread (oneDNN) may have loaded its own since. */
+    for (int r0 = 0; r0 < R; r0 += AMX_ROWS) {
+        int rows = R - r0 < AMX_ROWS ? R - r0 : AMX_ROWS;
+        if (rows != configured) { amx_configure(rows, tail_pairs); configured = rows; }
+        const uint16_t* xb = x + (long)r0 * K;
+        if (tail_pairs) {
+            memset(xtail, 0, sizeof xtail);
+            for (int r = 0; r < rows; ++r) memcpy(xtail + r * 32, xb + (long)r * K + kfull, (size_t)(K - kfull) * 2);
+        }
+        for (int g = begin; g < end; g += 2) {
+            int two = g + 1 < end;
+            const uint16_t* w0 = w + (long)g * gstride;
+            const uint16_t* w1 = w0 + gstride;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int k = 0; k < kfull; k += 32) {
+                _tile_loadd(2, xb + k, 2 * K);
+                _tile_loadd(3, w0 + (long)k * G, 64);
+                _tile_dpbf16ps(0, 2, 3);
+                if (two) {
+                    _tile_loadd(4, w1 + (long)k * G, 64);
+                    _tile_dpbf16ps(1, 2, 4);
+                }
+            }
+            if (tail_pairs) {
+                _tile_loadd(5, xtail, 64);
+                _tile_loadd(6, w0 + (long)kfull * G, 64);
+                _tile_dpbf16ps(0, 5, 6);
+                if (two) {
+                    _tile_loadd(7, w1 + (long)kfull * G, 64);
+                    _tile_dpbf16ps(1, 5, 7);
+                }
+            }
+            _tile_stored(0, acc[0], 64);
+            if (two) _tile_stored(1, acc[1], 64);
+            for (int i = 0; i <= two; ++i)
+                for (int r = 0; r < rows; ++r) {
+                    __m512 v = _mm512_load_ps(acc[i] + r * G);
+                    store_group(a->y + (long)(r0 + r) * N, N, (g + i) * G, 1, &v, a->scale, a->bias);
+                }
+        }
+    }
+    _tile_release(); /* the tile state back to init: no 8 KiB to save at a context switch */
+}
+
+void gemv_bf16amx(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
+                  int R, int K, int N, int nthreads) {
+    gemv_args a = {x, w, scale, bias, y, R, K, N};
+    share(bf16amx_groups, &a, (N + G - 1) / G, 2, nthreads);
+}
+#else
+int has_amx_bf16(void) { return 0; }
 #endif
 """
