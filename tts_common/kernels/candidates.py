@@ -11,7 +11,9 @@ among them changes only the summation order (last bits), never the model:
   ``gemv-bf16amx`` (the dot product's packed weight on AMX-BF16 tiles: exact bf16 products,
   float32 sums, another order; 8 rows cost about what one does);
 * ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
-  int8``): ``torch-int8`` (``torch._weight_int8pack_mm``) and ``gemv-int8`` (ours).
+  int8``): ``torch-int8`` (``torch._weight_int8pack_mm``), ``gemv-int8`` (ours) and
+  ``gemv-int8amx`` (ours on AMX-BF16 tiles, the activations split exactly into three bf16:
+  the same exact products, float32 sums in another order).
 
 A kept kernel must be batch-invariant: a row's result never depends on the other rows of its
 batch (library kernels that take a separate path for a lone row run it as two rows, as
@@ -38,7 +40,7 @@ from .gemv_source import SOURCE
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
     "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp", "gemv-bf16amx"),
-    "int8": ("torch-int8", "gemv-int8"),
+    "int8": ("torch-int8", "gemv-int8", "gemv-int8amx"),
 }
 """Candidate kernels of each family, the library default first."""
 NOT_BATCH_INVARIANT = frozenset({"torch-fp32"})
@@ -149,7 +151,7 @@ class GemvLinear(KernelLinear):
         super().__init__(linear)
         self.bf16_dot, self.rows_layout, self.amx = bf16_dot, rows_layout, amx
         if weight_dtype == torch.int8:
-            self.kernel, self.input_dtype = "gemv-int8", torch.float32
+            self.kernel, self.input_dtype = "gemv-int8amx" if amx else "gemv-int8", torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
         else:
             self.kernel = (
@@ -163,7 +165,7 @@ class GemvLinear(KernelLinear):
             )
             self.input_dtype = torch.bfloat16
             q, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
-        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot)
+        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot or amx)
         self.register_buffer("weight", q if rows_layout else self._packed.data)
         self.register_buffer("scale", scale)
         bias = linear.bias
@@ -259,8 +261,8 @@ def candidate_available(name: str) -> bool:
         return onednn_linear_available()
     if name in ("gemv-bf16dp", "gemvrow-bf16dp"):
         return bf16_dot_available()
-    if name == "gemv-bf16amx":
-        return bf16_dot_available() and amx_bf16_available()
+    if name in ("gemv-bf16amx", "gemv-int8amx"):
+        return amx_bf16_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":
@@ -287,6 +289,8 @@ def make_candidate(
         return TorchInt8Linear(linear, quantized)
     if name == "gemv-int8":
         return GemvLinear(linear, torch.int8, quantized)
+    if name == "gemv-int8amx":
+        return GemvLinear(linear, torch.int8, quantized, amx=True)
     if name == "gemv-bf16":
         return GemvLinear(linear, torch.bfloat16)
     if name == "gemv-bf16dp":

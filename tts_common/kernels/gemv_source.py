@@ -28,6 +28,7 @@ SOURCE = r"""
 #include <immintrin.h>
 #include <stdint.h>
 #include <string.h>
+#include <stdlib.h>
 
 #define G 16   /* outputs per packed group: one vector lane each */
 #define RB 8   /* rows per pass over a group: 8 rows x 2 accumulators fill 16 of the 32 registers */
@@ -355,7 +356,7 @@ int has_bf16dp(void) { return 1; }
 int has_bf16dp(void) { return 0; }
 #endif
 
-#if defined(__AMX_TILE__) && defined(__AMX_BF16__)
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
 /* AMX-BF16 on the bf16 dot product's packed layout (``gemv-bf16amx``): a pair-row of a group is
    64 bytes ([16][2] bf16), so 16 pairs (32 k) of a group are one 16 x 64-byte B tile, read as
    they lie; up to 16 rows of x (32 k each) are the A tile; TDPBF16PS adds their products into a
@@ -461,6 +462,119 @@ void gemv_bf16amx(const uint16_t* x, const uint16_t* w, const float* scale, cons
                   int R, int K, int N, int nthreads) {
     gemv_args a = {x, w, scale, bias, y, R, K, N};
     share(bf16amx_groups, &a, (N + G - 1) / G, 2, nthreads);
+}
+
+/* Tiles of the int8 kernel: 0, 1 accumulators (two groups); 2-4 x's h, m, l blocks; 5, 6 the
+   groups' widened B blocks. */
+static void amx_configure_i8(int rows) {
+    tile_config c;
+    memset(&c, 0, sizeof c);
+    c.palette = 1;
+    for (int t = 0; t < 5; ++t) { c.rows[t] = (uint8_t)rows; c.colsb[t] = 64; }
+    for (int t = 5; t < 7; ++t) { c.rows[t] = 16; c.colsb[t] = 64; }
+    _tile_loadconfig(&c);
+}
+
+/* int8 weights with float32 activations on AMX-BF16 tiles (``gemv-int8amx``), exactly: each x
+   is split into three bf16, x = h + m + l (h = bf16(x), m = bf16(x - h), l = x - h - m: 8 + 8 + 8
+   significant bits, exact but for values below 2^-110 that the conversion flushes), and an int8
+   weight is a bf16 exactly, so every product is exact and TDPBF16PS sums them in float32: the
+   same precision as the FMA kernel (float32 sums of exact products: float32 rounding apart).
+   Weights are packed in pairs of k ([ceil(K/2)][16][2] int8 per group, zero-padded) and widened
+   block by block (16 pairs x 16 outputs, 512 weights) into a 1 KiB B tile on the stack. Per
+   output: k blocks of 32 in increasing order, each adding h's products, then m's, then l's, into
+   its tile element; x is zero-padded to whole blocks. Rows never share a tile element, so the
+   row count never changes a bit. Why: at 8 rows the FMA kernel issues 8 FMAs per 16 weights
+   (compute-bound near the memory floor on a busy host); here 8 rows cost the widening plus three
+   tile products per block, as one row does. */
+static void split_x(const float* x, uint16_t* xs, int R, int K, int Kp) {
+    long plane = (long)R * Kp;
+    for (int r = 0; r < R; ++r)
+        for (int k = 0; k < Kp; k += 16) {
+            int valid = K - k >= 16 ? 16 : K - k > 0 ? K - k : 0;
+            __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << valid) - 1u), x + (long)r * K + k);
+            __m256i parts[3];
+            for (int i = 0; i < 3; ++i) {
+                parts[i] = (__m256i)_mm512_cvtneps_pbh(v);
+                __m512 back = _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(parts[i]), 16));
+                v = _mm512_sub_ps(v, back);
+                _mm256_storeu_si256((__m256i*)(xs + i * plane + (long)r * Kp + k), parts[i]);
+            }
+        }
+}
+
+/* 16 pair-rows of int8 ([16][2] each, 32 bytes) widened to bf16 (64 bytes each); pairs past
+   ``pairs`` are zero. */
+static inline void widen_block_i8(const int8_t* wb, int pairs, uint16_t* out) {
+    for (int q = 0; q < 16; ++q) {
+        __m512i v;
+        if (q < pairs) {
+            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + q * 32))));
+            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + q * 32 + 16))));
+            v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+        } else {
+            v = _mm512_setzero_si512();
+        }
+        _mm512_store_si512(out + q * 32, v);
+    }
+}
+
+static void i8amx_groups(const gemv_args* a, int begin, int end) {
+    const uint16_t* xs = a->x; const int8_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    int P = (K + 1) / 2, Kp = (K + 31) & ~31;
+    long gstride = (long)P * 2 * G, plane = (long)R * Kp;
+    uint16_t wbuf[2][16 * 32] __attribute__((aligned(64)));
+    float acc[2][AMX_ROWS * G] __attribute__((aligned(64)));
+    int configured = 0;
+    for (int r0 = 0; r0 < R; r0 += AMX_ROWS) {
+        int rows = R - r0 < AMX_ROWS ? R - r0 : AMX_ROWS;
+        if (rows != configured) { amx_configure_i8(rows); configured = rows; }
+        const uint16_t* xh = xs + (long)r0 * Kp;
+        for (int g = begin; g < end; g += 2) {
+            int two = g + 1 < end;
+            const int8_t* w0 = w + (long)g * gstride;
+            const int8_t* w1 = w0 + gstride;
+            _tile_zero(0);
+            _tile_zero(1);
+            for (int k = 0; k < Kp; k += 32) {
+                int pairs = P - k / 2 < 16 ? P - k / 2 : 16;
+                _tile_loadd(2, xh + k, 2 * Kp);
+                _tile_loadd(3, xh + plane + k, 2 * Kp);
+                _tile_loadd(4, xh + 2 * plane + k, 2 * Kp);
+                widen_block_i8(w0 + (long)k * G, pairs, wbuf[0]);
+                _tile_loadd(5, wbuf[0], 64);
+                _tile_dpbf16ps(0, 2, 5);
+                _tile_dpbf16ps(0, 3, 5);
+                _tile_dpbf16ps(0, 4, 5);
+                if (two) {
+                    widen_block_i8(w1 + (long)k * G, pairs, wbuf[1]);
+                    _tile_loadd(6, wbuf[1], 64);
+                    _tile_dpbf16ps(1, 2, 6);
+                    _tile_dpbf16ps(1, 3, 6);
+                    _tile_dpbf16ps(1, 4, 6);
+                }
+            }
+            _tile_stored(0, acc[0], 64);
+            if (two) _tile_stored(1, acc[1], 64);
+            for (int i = 0; i <= two; ++i)
+                for (int r = 0; r < rows; ++r) {
+                    __m512 v = _mm512_load_ps(acc[i] + r * G);
+                    store_group(a->y + (long)(r0 + r) * N, N, (g + i) * G, 1, &v, a->scale, a->bias);
+                }
+        }
+    }
+    _tile_release();
+}
+
+void gemv_i8amx(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+                int R, int K, int N, int nthreads) {
+    int Kp = (K + 31) & ~31;
+    uint16_t* xs = aligned_alloc(64, ((size_t)3 * R * Kp * 2 + 63) & ~(size_t)63);
+    if (!xs) return;
+    split_x(x, xs, R, K, Kp);
+    gemv_args a = {xs, w, scale, bias, y, R, K, N};
+    share(i8amx_groups, &a, (N + G - 1) / G, 2, nthreads);
+    free(xs);
 }
 #else
 int has_amx_bf16(void) { return 0; }

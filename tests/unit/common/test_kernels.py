@@ -36,7 +36,7 @@ from tts_common.kernels.gemv import (
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "bf16amx": 2e-2, "int8": 2e-2}
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "bf16amx": 2e-2, "int8": 2e-2, "int8amx": 2e-2}
 """Relative tolerance against float32 nn.Linear, by the kernel's precision."""
 
 
@@ -55,10 +55,10 @@ GEMV_KINDS = [
     "int8",
     "bf16",
     *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else []),
-    *(["bf16amx"] if bf16_dot_available() and amx_bf16_available() else []),
+    *(["bf16amx", "int8amx"] if amx_bf16_available() else []),
 ]
 """Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
-row-wise, and on AMX-BF16 tiles. Each is tested only where the CPU has its instructions (and,
+row-wise, and on AMX-BF16 tiles (bf16, and int8 with float32 activations). Each is tested only where the CPU has its instructions (and,
 for AMX, the OS grants the tile state): elsewhere it cannot run and the engine never offers it."""
 
 
@@ -66,7 +66,7 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
-    weight, scale = quantize_int8(w) if kind == "int8" else (w.bfloat16(), None)
+    weight, scale = quantize_int8(w) if kind.startswith("int8") else (w.bfloat16(), None)
     if kind.startswith("bf16dp") or kind == "bf16amx":
         x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
@@ -74,11 +74,11 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
 
 
 def _packed(kind: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
-    return weight if kind == "bf16dp-rows" else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx"))
+    return weight if kind == "bf16dp-rows" else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx", "int8amx"))
 
 
 def _run(kind: str, x: torch.Tensor, packed, scale, b) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", amx=kind == "bf16amx")
+    return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", amx=kind.endswith("amx"))
 
 
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
@@ -274,7 +274,9 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
 
 
 FUSABLE_KERNELS = [
-    k for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx") if candidate_available(k)
+    k
+    for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx", "gemv-int8amx")
+    if candidate_available(k)
 ]
 
 
