@@ -106,11 +106,7 @@ def amx_bf16_available() -> bool:
     them (AMX-BF16 and AVX512-BF16), on a CPU that has them, and the OS granted this process the
     tile state (Linux >= 5.16; asked once, at the first call)."""
     lib = _library()
-    return (
-        lib is not None
-        and AMX_FLAGS | {"avx512_bf16"} <= cpu_flags()
-        and bool(lib.has_amx_bf16())
-    )
+    return lib is not None and AMX_FLAGS | {"avx512_bf16"} <= cpu_flags() and bool(lib.has_amx_bf16())
 
 
 def gemv_available() -> bool:
@@ -242,4 +238,12 @@ def gemv_reference(
     return y
 
 
-__all__ = ["PackedWeight", "amx_bf16_available", "bf16_dot_available", "gemv", "gemv_available", "gemv_reference", "pack_weight"]
+__all__ = [
+    "PackedWeight",
+    "amx_bf16_available",
+    "bf16_dot_available",
+    "gemv",
+    "gemv_available",
+    "gemv_reference",
+    "pack_weight",
+]

@@ -9,19 +9,25 @@ Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``): the weight is pre-p
 groups of 16 output channels, k-major, one vector lane per channel (:func:`.gemv.pack_weight`).
 A step loads 16 channels' weights for one k (two for the dot product) and multiplies them by that
 k's activation broadcast, so no horizontal reduction is needed, each thread streams contiguous
-memory, and one weight load (and widening) serves up to 4 rows. Why: at one row the earlier
-row-wise kernel spent its time in the per-output reductions and the short 1 KiB rows, reading
-int8 weights at 10-17 GB/s on the dev EPYC; packed, 22-28 GB/s (``bench/gemv_bench.py``).
+memory, and one weight load (and widening) serves up to 8 rows (``RB``). Why: at one row the
+earlier row-wise kernel spent its time in the per-output reductions and the short 1 KiB rows,
+reading int8 weights at 10-17 GB/s on the dev EPYC; packed, 22-28 GB/s (``bench/gemv_bench.py``);
+and with 4 rows a pass, 8 rows read the weights twice and cost about twice one row on the dev Xeon.
 
-Each output sums in one order whatever the rows: four accumulators by k mod 4 (pairs of k for the
-dot product), the K tail into the first, then ``(a0 + a1) + (a2 + a3)``; the scale and bias are
-applied after. So a row's result never depends on its batch or which rows share its pass.
-Groups are shared, two at a time, between the calling thread and our own workers, without a
-join barrier (see the comment above ``share``; each output is computed alone, so the split never
-changes a bit).
+Each output sums in one order whatever the rows: two accumulators by k mod 2 (pairs of k for the
+dot product), then ``a0 + a1``; the scale and bias are applied after. So a row's result never
+depends on its batch or which rows share its pass. Groups are shared, two at a time, between the
+calling thread and our own workers, without a join barrier (see the comment above ``share``;
+each output is computed alone, so the split never changes a bit).
 
 ``gemv_bf16dp_rows`` keeps the row-wise dot-product kernel (weights as given): on the dev EPYC it
 reads bf16 weights faster at one row and slower at eight; the kernel choice measures both.
+
+``gemv_bf16amx`` (bf16 ``x`` and ``w``) and ``gemv_i8amx`` (float32 ``x``, int8 ``w``) run the
+dot product's packed layout (pairs of k) on AMX-BF16 tiles, where the CPU has them and the OS
+grants the tile state (``has_amx_bf16``): a tile instruction takes up to 16 rows at once, so 8
+rows cost about what one does. Internals other C code may call: ``group_i8``, ``group_bf16``,
+``group_bf16dp`` (one group, up to ``RB`` rows), ``store_group`` and ``share`` (work sharing).
 """
 
 SOURCE = r"""
@@ -296,7 +302,8 @@ void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const
    reduction and a scalar tail. */
 #define ROWS_RB 4 /* rows per pass of the row-wise kernel: 4 accumulators each */
 static inline float bf16_to_f32(uint16_t v) { uint32_t u = ((uint32_t)v) << 16; float f; memcpy(&f, &u, 4); return f; }
-static inline __attribute__((always_inline)) void gemv_bf16dp_block(const uint16_t* x, const uint16_t* w, int rows, int K, float out[ROWS_RB]) {
+static inline __attribute__((always_inline))
+void gemv_bf16dp_block(const uint16_t* x, const uint16_t* w, int rows, int K, float out[ROWS_RB]) {
     __m512 acc[ROWS_RB][4];
     for (int r = 0; r < ROWS_RB; ++r)
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
@@ -420,7 +427,8 @@ static void bf16amx_groups(const gemv_args* a, int begin, int end) {
         const uint16_t* xb = x + (long)r0 * K;
         if (tail_pairs) {
             memset(xtail, 0, sizeof xtail);
-            for (int r = 0; r < rows; ++r) memcpy(xtail + r * 32, xb + (long)r * K + kfull, (size_t)(K - kfull) * 2);
+            for (int r = 0; r < rows; ++r)
+                memcpy(xtail + r * 32, xb + (long)r * K + kfull, (size_t)(K - kfull) * 2);
         }
         for (int g = begin; g < end; g += 2) {
             int two = g + 1 < end;
@@ -509,9 +517,7 @@ static inline void widen_block_i8(const int8_t* wb, int pairs, uint16_t* out) {
     for (int q = 0; q < 16; ++q) {
         __m512i v;
         if (q < pairs) {
-            __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + q * 32))));
-            __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(wb + q * 32 + 16))));
-            v = (__m512i)_mm512_cvtne2ps_pbh(hi, lo);
+            v = (__m512i)_mm512_cvtne2ps_pbh(load_w16_i8(wb + q * 32 + 16), load_w16_i8(wb + q * 32));
         } else {
             v = _mm512_setzero_si512();
         }

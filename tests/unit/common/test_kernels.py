@@ -74,7 +74,11 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
 
 
 def _packed(kind: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
-    return weight if kind == "bf16dp-rows" else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx", "int8amx"))
+    return (
+        weight
+        if kind == "bf16dp-rows"
+        else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx", "int8amx"))
+    )
 
 
 def _run(kind: str, x: torch.Tensor, packed, scale, b) -> torch.Tensor:  # type: ignore[no-untyped-def]
