@@ -86,7 +86,7 @@ def _library() -> ctypes.CDLL | None:
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
-            fn.restype = None
+            fn.restype = ctypes.c_int if name == "gemv_i8amx" else None  # -1: out of memory
     return lib
 
 
@@ -212,7 +212,7 @@ def gemv(
         fn = lib.gemv_bf16
     else:
         raise ValueError(f"unsupported weight dtype {weight.dtype}")
-    fn(
+    status = fn(
         x.data_ptr(),
         data.data_ptr(),
         _ptr(scale),
@@ -223,6 +223,8 @@ def gemv(
         n,
         torch.get_num_threads(),
     )
+    if status:  # only gemv_i8amx returns one
+        raise MemoryError("the GEMV kernel could not allocate its split activations")
     return y
 
 

@@ -81,6 +81,46 @@ void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {      
 DEFINE_GROUP(group_i8, int8_t, load_w16_i8)
 DEFINE_GROUP(group_bf16, uint16_t, load_w16_bf16)
 
+/* Two adjacent groups at once for one or two rows, each output summed exactly as DEFINE_GROUP
+   sums it (so a row's bits do not depend on which path ran it): four or eight chains of FMAs
+   instead of two, as at one row two chains held the int8 kernel to ~80% of the four-chain
+   kernel's speed on weights in cache (the code predictor's layers stay in a large L3). */
+#define DEFINE_GROUP_PAIR(NAME, WT, LOADW)                                                     \
+static inline __attribute__((always_inline))                                                   \
+void NAME(const float* x, const WT* wg, long gstride, int rows, int K, __m512 out[2][2]) {      \
+    __m512 acc[2][2][2];                                                                       \
+    for (int i = 0; i < 2; ++i)                                                                \
+        for (int r = 0; r < 2; ++r) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();        \
+    int k = 0;                                                                                 \
+    for (; k + 4 <= K; k += 4) {                                                               \
+        for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64) {                              \
+            _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
+            _mm_prefetch((const char*)(wg + gstride + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0); \
+        }                                                                                      \
+        for (int j = 0; j < 4; ++j) {                                                          \
+            __m512 w0 = LOADW(wg + (long)(k + j) * G), w1 = LOADW(wg + gstride + (long)(k + j) * G); \
+            for (int r = 0; r < rows; ++r) {                                                   \
+                __m512 xv = _mm512_set1_ps(x[(long)r * K + k + j]);                            \
+                acc[0][r][j & 1] = _mm512_fmadd_ps(xv, w0, acc[0][r][j & 1]);                  \
+                acc[1][r][j & 1] = _mm512_fmadd_ps(xv, w1, acc[1][r][j & 1]);                  \
+            }                                                                                  \
+        }                                                                                      \
+    }                                                                                          \
+    for (; k < K; ++k) {                                                                       \
+        __m512 w0 = LOADW(wg + (long)k * G), w1 = LOADW(wg + gstride + (long)k * G);           \
+        for (int r = 0; r < rows; ++r) {                                                       \
+            __m512 xv = _mm512_set1_ps(x[(long)r * K + k]);                                    \
+            acc[0][r][k & 1] = _mm512_fmadd_ps(xv, w0, acc[0][r][k & 1]);                      \
+            acc[1][r][k & 1] = _mm512_fmadd_ps(xv, w1, acc[1][r][k & 1]);                      \
+        }                                                                                      \
+    }                                                                                          \
+    for (int i = 0; i < 2; ++i)                                                                \
+        for (int r = 0; r < rows; ++r) out[i][r] = _mm512_add_ps(acc[i][r][0], acc[i][r][1]);  \
+}
+
+DEFINE_GROUP_PAIR(group_pair_i8, int8_t, load_w16_i8)
+DEFINE_GROUP_PAIR(group_pair_bf16, uint16_t, load_w16_bf16)
+
 static inline void store_group(float* y, long N, int n0, int rows, const __m512* out,
                                const float* scale, const float* bias) {
     int valid = N - n0 < G ? (int)(N - n0) : G;
@@ -200,10 +240,19 @@ static void share(range_fn fn, const gemv_args* a, int count, int chunk, int nth
     pthread_mutex_unlock(&call_lock);
 }
 
-#define DEFINE_KERNEL(NAME, GROUP, WT)                                                         \
+#define DEFINE_KERNEL(NAME, GROUP, GROUP_PAIR, WT)                                             \
 static void NAME##_groups(const gemv_args* a, int begin, int end) {                            \
     const float* x = a->x; const WT* w = a->w; int R = a->R, K = a->K, N = a->N;               \
-    for (int g = begin; g < end; ++g) {                                                        \
+    int g = begin;                                                                             \
+    for (; R <= 2 && g + 2 <= end; g += 2) {                                                   \
+        __m512 out[2][2];                                                                      \
+        const WT* wg = w + (long)g * K * G;                                                    \
+        if (R == 2) GROUP_PAIR(x, wg, (long)K * G, 2, K, out);                                 \
+        else GROUP_PAIR(x, wg, (long)K * G, 1, K, out);                                        \
+        store_group(a->y, N, g * G, R, out[0], a->scale, a->bias);                             \
+        store_group(a->y, N, (g + 1) * G, R, out[1], a->scale, a->bias);                       \
+    }                                                                                          \
+    for (; g < end; ++g) {                                                                     \
         const WT* wg = w + (long)g * K * G;                                                    \
         for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
@@ -230,21 +279,25 @@ void NAME(const float* x, const WT* w, const float* scale, const float* bias, fl
     share(NAME##_groups, &a, (N + G - 1) / G, 2, nthreads);                                    \
 }
 
-DEFINE_KERNEL(gemv_i8, group_i8, int8_t)
-DEFINE_KERNEL(gemv_bf16, group_bf16, uint16_t)
+DEFINE_KERNEL(gemv_i8, group_i8, group_pair_i8, int8_t)
+DEFINE_KERNEL(gemv_bf16, group_bf16, group_pair_bf16, uint16_t)
 
 #ifdef __AVX512BF16__
 /* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
-   lane; a missing k is zero). acc[r][j] sums the pairs p = j (mod 2) in increasing order, then
-   a0 + a1 (two accumulators, as in DEFINE_GROUP: all 8 rows of a pass in registers). */
+   lane; a missing k is zero). acc[r][j] sums pairs p = 4i + j, the tail into acc[r][0], then
+   (a0 + a1) + (a2 + a3). Four rows a pass (DP_RB), four accumulators each: two accumulators and
+   8 rows a pass (as DEFINE_GROUP) ran one row at 60% of this speed on weights in cache and 8
+   rows no faster; at 8 rows the AMX kernel (gemv_bf16amx) is the fast one. */
+#define DP_RB 4
 static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
     uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
     return _mm512_set1_epi32((int)(lo | (hi << 16)));
 }
 static inline __attribute__((always_inline))
-void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
-    __m512 acc[RB][2];
-    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+void group_bf16dp_pass(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512* out) {
+    __m512 acc[DP_RB][4];
+    for (int r = 0; r < DP_RB; ++r)
+        for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
     int P = (K + 1) / 2, p = 0;
     for (; p + 4 <= P && 2 * p + 8 <= K; p += 4) {
         /* Every line of the stream, 8 KiB ahead: measured best at 8 rows of 0/1-in-4/all lines at
@@ -256,16 +309,23 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
                 const uint16_t* xr = x + (long)r * K;
                 int xi; memcpy(&xi, xr + 2 * (p + j), 4);
                 __m512i xv = _mm512_set1_epi32(xi);
-                acc[r][j & 1] = _mm512_dpbf16_ps(acc[r][j & 1], (__m512bh)xv, w);
+                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)xv, w);
             }
         }
     }
     for (; p < P; ++p) {
         __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)p * 2 * G);
         for (int r = 0; r < rows; ++r)
-            acc[r][p & 1] = _mm512_dpbf16_ps(acc[r][p & 1], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
+            acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
     }
-    for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);
+    for (int r = 0; r < rows; ++r)
+        out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
+}
+/* Up to RB rows, in passes of DP_RB. */
+static inline __attribute__((always_inline))
+void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
+    for (int r0 = 0; r0 < rows; r0 += DP_RB)
+        group_bf16dp_pass(x + (long)r0 * K, wg, rows - r0 < DP_RB ? rows - r0 : DP_RB, K, out + r0);
 }
 
 static void bf16dp_groups(const gemv_args* a, int begin, int end) {
@@ -572,15 +632,17 @@ static void i8amx_groups(const gemv_args* a, int begin, int end) {
     _tile_release();
 }
 
-void gemv_i8amx(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
-                int R, int K, int N, int nthreads) {
+/* Returns 0, or -1 (y untouched) where the split activations' buffer cannot be allocated. */
+int gemv_i8amx(const float* x, const int8_t* w, const float* scale, const float* bias, float* y,
+               int R, int K, int N, int nthreads) {
     int Kp = (K + 31) & ~31;
     uint16_t* xs = aligned_alloc(64, ((size_t)3 * R * Kp * 2 + 63) & ~(size_t)63);
-    if (!xs) return;
+    if (!xs) return -1;
     split_x(x, xs, R, K, Kp);
     gemv_args a = {xs, w, scale, bias, y, R, K, N};
     share(i8amx_groups, &a, (N + G - 1) / G, 2, nthreads);
     free(xs);
+    return 0;
 }
 #else
 int has_amx_bf16(void) { return 0; }
