@@ -107,7 +107,7 @@ def warp_for_sampling(
 ) -> torch.Tensor:
     """Temperature -> top-k (0 = off) -> top-p (1.0 = off), per row.
 
-    ``static_shapes`` (default: on any device but the CPU) keeps every shape independent of the
+    ``static_shapes`` (default: on any device but the CPU, and while traced) keeps every shape independent of the
     parameters' values and reads none of them on the host (CUDA graphs, no syncs): the k-th
     largest score from a full sort, and the top-p pass always run. Otherwise (CPU) the k-th
     largest comes from ``topk`` of the batch's largest k and the top-p pass is skipped when no
@@ -116,8 +116,8 @@ def warp_for_sampling(
     predictor: ~250 vs ~30 us a row, 15 per frame).
     """
     vocab = logits.shape[-1]
-    if static_shapes is None:
-        static_shapes = logits.device.type != "cpu"
+    if static_shapes is None:  # traced (torch.compile, graph capture): no host reads either
+        static_shapes = logits.device.type != "cpu" or torch.compiler.is_compiling()
     scores = logits / temperature[:, None].to(logits.dtype)
     # top-k: keep scores >= the k-th largest (HF keeps ties with the k-th value).
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
