@@ -1,0 +1,271 @@
+"""One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
+where every linear of the stack is our packed int8 GEMV (``--quantization int8``: float32
+activations, float32 KV cache).
+
+Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
+times; with the linears at their memory-bandwidth floor, the ~7000 small torch ops, Python and
+ctypes calls between them (norms, RoPE, K/V writes, SDPA, SiLU, residual adds) took about as long
+as the linears themselves. The C side (:mod:`.stack_source`) runs them between the GEMV calls
+of the same library, on the same worker pool.
+
+Scope (the caller decides per call, :meth:`FusedStack.accepts`): tokens that each attend keys
+``[0, own position]`` of their row's cache slot, exactly (the talker's masked decode, the code
+predictor's causal prefill of positions 0..S-1 and its one-token steps); float32 activations and
+a contiguous float32 cache ``[layers, slots, kv_heads, max_len, head_dim]``. A stack whose
+linears are anything else gets no fused forward (:func:`fuse_stack` returns None) and keeps the
+torch path, bit for bit.
+
+Numerics against the torch path with the same GEMV kernels: every operation is the same float32
+operation, but sums run in another order (RMSNorm's mean of squares, q.k dots, the softmax sum
+and value sums: 16 lanes then one reduction; the attention is an online softmax over blocks of
+64 keys), ``exp`` is a polynomial of about 1 ulp (softmax, SiLU) instead of torch's, and the
+compiler may fuse a product and a sum into one FMA (RoPE): last-bit differences per operation,
+which the tests bound (relative 1e-4 of the hidden states' scale after a few layers). The
+cos/sin rows are the caller's (the torch path's own tables), and a token's bits never depend on
+the other rows of its call (each is computed from its own row alone).
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from .candidates import GemvLinear
+from .gemv import library
+
+PARAMS_PER_LAYER = 14
+"""Pointers per layer, in the C enum's order (``P_IN_NORM`` .. ``P_DOWN_SCALE``)."""
+
+
+class _StackDesc(ctypes.Structure):
+    _fields_ = [
+        ("layers", ctypes.c_int),
+        ("hidden", ctypes.c_int),
+        ("heads", ctypes.c_int),
+        ("kv_heads", ctypes.c_int),
+        ("head_dim", ctypes.c_int),
+        ("inter", ctypes.c_int),
+        ("eps", ctypes.c_float),
+        ("scaling", ctypes.c_float),
+        ("params", ctypes.POINTER(ctypes.c_void_p)),
+        ("final_norm", ctypes.c_void_p),
+    ]
+
+
+_ERRORS = {
+    1: "a position lies outside the cache",
+    2: "a slot lies outside the cache",
+    3: "the head dimension is over 1024 or the heads are not a multiple of the kv heads",
+}
+
+
+@dataclass(frozen=True)
+class StackDims:
+    """The dimensions of a decoder stack."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    intermediate: int
+
+
+class FusedStack:
+    """The fused forward of one decoder stack (built by :func:`fuse_stack`; held by the stack,
+    called by it for the token layouts it may take). Holds the tensors whose addresses it
+    passes, so the stack must not move or re-cast its weights after set-up (set-up runs last,
+    on the model as it will run)."""
+
+    def __init__(
+        self,
+        dims: StackDims,
+        eps: float,
+        scaling: float,
+        tensors: list[torch.Tensor | None],
+        final_norm: torch.Tensor,
+    ) -> None:
+        lib = library()
+        assert lib is not None
+        self._lib = lib
+        self.dims = dims
+        self._tensors = [t for t in tensors if t is not None] + [final_norm]  # kept alive
+        self._params = (ctypes.c_void_p * len(tensors))(
+            *(None if t is None else t.data_ptr() for t in tensors)
+        )
+        self._desc = _StackDesc(
+            dims.layers,
+            dims.hidden,
+            dims.heads,
+            dims.kv_heads,
+            dims.head_dim,
+            dims.intermediate,
+            eps,
+            scaling,
+            ctypes.cast(self._params, ctypes.POINTER(ctypes.c_void_p)),
+            final_norm.data_ptr(),
+        )
+
+    def accepts(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
+        """Whether :meth:`forward` runs these activations and caches (float32, on CPU, the
+        cache contiguous and shaped for this stack)."""
+        d = self.dims
+        shape = (d.layers, k_cache.shape[1] if k_cache.dim() == 5 else -1, d.kv_heads)
+        return (
+            x.dtype == torch.float32
+            and x.device.type == "cpu"
+            and x.dim() == 3
+            and x.shape[-1] == d.hidden
+            and all(
+                c.dtype == torch.float32
+                and c.device.type == "cpu"
+                and c.dim() == 5
+                and tuple(c.shape[:3]) == shape
+                and c.shape[4] == d.head_dim
+                and c.is_contiguous()
+                for c in (k_cache, v_cache)
+            )
+            and k_cache.shape == v_cache.shape
+        )
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        cos: torch.Tensor,
+        sin: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        positions: torch.Tensor,
+        slots: int | torch.Tensor | None,
+    ) -> torch.Tensor:
+        """The stack's final-norm hidden states [B, S, H] of ``x`` [B, S, H]: token (b, s) at
+        cache position ``positions[b, s]`` of slot ``slots`` (int: slot ``slots + b``; None:
+        slot b; tensor [B]: ``slots[b]``), attending keys ``[0, positions[b, s]]`` of its slot;
+        its K/V are written there. ``cos``/``sin`` [B, S, head_dim] float32: the RoPE tables of
+        ``positions``. Raises ValueError for a position or slot outside the cache."""
+        b, s, hidden = x.shape
+        if isinstance(slots, torch.Tensor):
+            slot_rows = slots.to(torch.int64).contiguous()
+        else:
+            slot_rows = torch.arange(b, dtype=torch.int64) + (0 if slots is None else slots)
+        if slot_rows.shape != (b,) or positions.shape != (b, s):
+            raise ValueError(
+                f"slots {tuple(slot_rows.shape)} / positions {tuple(positions.shape)} do not fit x"
+            )
+        x = x.contiguous()
+        positions = positions.to(torch.int64).contiguous()
+        cos, sin = cos.float().contiguous(), sin.float().contiguous()
+        out = torch.empty(b, s, hidden, dtype=torch.float32)
+        work = torch.empty(
+            self._lib.stack_workspace_f32(ctypes.byref(self._desc), b * s), dtype=torch.float32
+        )
+        rc = self._lib.stack_forward_f32(
+            ctypes.byref(self._desc),
+            x.data_ptr(),
+            out.data_ptr(),
+            cos.data_ptr(),
+            sin.data_ptr(),
+            positions.data_ptr(),
+            slot_rows.data_ptr(),
+            b,
+            s,
+            k_cache.data_ptr(),
+            v_cache.data_ptr(),
+            k_cache.shape[1],
+            k_cache.shape[3],
+            work.data_ptr(),
+            torch.get_num_threads(),
+        )
+        if rc:
+            raise ValueError(f"fused stack: {_ERRORS.get(rc, f'error {rc}')}")
+        return out
+
+
+def _gemv_int8(layer: nn.Module | None, fan_in: int, fan_out: int) -> GemvLinear | None:
+    if (
+        isinstance(layer, GemvLinear)
+        and layer.kernel == "gemv-int8"
+        and layer._packed is not None
+        and layer.in_features == fan_in
+        and layer.out_features == fan_out
+    ):
+        return layer
+    return None
+
+
+def _norm_weight(norm: nn.Module, dim: int) -> torch.Tensor | None:
+    w = getattr(norm, "weight", None)
+    if (
+        isinstance(w, torch.Tensor)
+        and w.dtype == torch.float32
+        and w.shape == (dim,)
+        and w.device.type == "cpu"
+    ):
+        return w.detach().contiguous()
+    return None
+
+
+def fuse_stack(stack: nn.Module) -> FusedStack | None:
+    """The fused forward of ``stack`` (a decoder stack with the checkpoint's names: ``layers``
+    of ``input_layernorm``, ``self_attn`` (fused ``qkv_proj``, ``o_proj``, ``q_norm``,
+    ``k_norm``), ``post_attention_layernorm``, ``mlp`` (fused ``gate_up_proj``, ``down_proj``,
+    SiLU); ``norm``), or None where it cannot run it: the library missing here, a linear that
+    is not our packed int8 GEMV, float32 norms missing, or norms of different epsilons."""
+    lib = library()
+    layers = getattr(stack, "layers", None)
+    if lib is None or not hasattr(lib, "stack_forward_f32") or not layers:
+        return None
+    first = layers[0].self_attn
+    hidden = layers[0].input_layernorm.weight.shape[0]
+    heads, kv_heads, head_dim = first.heads, first.kv_heads, first.head_dim
+    inter = layers[0].mlp.down_proj.in_features if layers[0].mlp.down_proj is not None else 0
+    eps = stack.norm.eps
+    tensors: list[torch.Tensor | None] = []
+    for layer in layers:
+        attn, mlp = layer.self_attn, layer.mlp
+        if (attn.heads, attn.kv_heads, attn.head_dim) != (heads, kv_heads, head_dim) or mlp.act is not F.silu:
+            return None
+        qkv = _gemv_int8(attn.qkv_proj, hidden, (heads + 2 * kv_heads) * head_dim)
+        o = _gemv_int8(attn.o_proj, heads * head_dim, hidden)
+        gate_up = _gemv_int8(mlp.gate_up_proj, hidden, 2 * inter)
+        down = _gemv_int8(mlp.down_proj, inter, hidden)
+        norms = [
+            (layer.input_layernorm, hidden),
+            (attn.q_norm, head_dim),
+            (attn.k_norm, head_dim),
+            (layer.post_attention_layernorm, hidden),
+        ]
+        weights = [_norm_weight(n, dim) for n, dim in norms]
+        if None in (qkv, o, gate_up, down) or any(w is None for w in weights):
+            return None
+        if any(n.eps != eps for n, _ in norms) or gate_up.bias is not None or down.bias is not None:  # type: ignore[union-attr]
+            return None
+        in_norm, q_norm, k_norm, post_norm = weights
+        tensors += [
+            in_norm,
+            qkv.weight,
+            qkv.scale,
+            qkv.bias,  # type: ignore[union-attr]
+            q_norm,
+            k_norm,
+            o.weight,
+            o.scale,
+            o.bias,  # type: ignore[union-attr]
+            post_norm,
+            gate_up.weight,
+            gate_up.scale,  # type: ignore[union-attr]
+            down.weight,
+            down.scale,  # type: ignore[union-attr]
+        ]
+    final = _norm_weight(stack.norm, hidden)
+    if final is None:
+        return None
+    dims = StackDims(len(layers), hidden, heads, kv_heads, head_dim, inter)
+    return FusedStack(dims, eps, float(first.scaling), tensors, final)
+
+
+__all__ = ["FusedStack", "StackDims", "fuse_stack"]
