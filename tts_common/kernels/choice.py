@@ -39,7 +39,6 @@ from torch import nn
 from tts_common.cpu_info import cpu_model
 
 from .cache import cache_dir
-from .fused_stack import fuse_stack
 from .candidates import (
     FAMILIES,
     FAMILY_DTYPE,
@@ -51,6 +50,7 @@ from .candidates import (
     make_candidate,
     quantize_int8,
 )
+from .fused_stack import fuse_stack
 
 logger = logging.getLogger(__name__)
 
