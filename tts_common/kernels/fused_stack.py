@@ -59,7 +59,7 @@ class _StackDesc(ctypes.Structure):
 _ERRORS = {
     1: "a position lies outside the cache",
     2: "a slot lies outside the cache",
-    3: "the head dimension is over 1024 or the heads are not a multiple of the kv heads",
+    3: "the head dimension is over 1024, or the heads are not a multiple of the kv heads (at most 64 each)",
 }
 
 

@@ -15,7 +15,8 @@ GEMV + residual; then the final RMSNorm into ``out``.
 
 Every token's values are computed from its own row alone, in an order that does not depend on
 the other rows or on which thread runs it, so a row's bits never depend on its batch. Attention
-runs one (token, head) pair per chunk on the shared workers when there is enough of it.
+runs one (token, kv head) pair per chunk, all the query heads of that kv head together (its keys
+and values stream once), on the shared workers when there is enough of it (``ATTN_MIN_WORK``).
 """
 
 SOURCE = r"""
@@ -102,60 +103,69 @@ typedef struct {
     float* out;              /* [R][heads * hd] */
 } attn_ctx;
 
-/* One (token, head): softmax(q . k_j * scaling) over keys j = 0..position, times v_j; online
-   softmax over blocks of KB keys (running max, rescaled sum and accumulator). */
-static void attend_one(const attn_ctx* c, int task) {
+/* One token and one kv head, for each query head h of its group: softmax(q_h . k_j * scaling)
+   over keys j = 0..position, times v_j; online softmax over blocks of KB keys (running max,
+   rescaled sum and accumulator per head). The group's heads take each block in turn while its
+   keys and values are in cache, so the slot's K/V stream from memory once per group, not once
+   per query head. Each head's sums run in the same order whatever the group or the thread. */
+static void attend_group(const attn_ctx* c, int task) {
     const stack_desc* d = c->d;
-    int hd = d->head_dim, heads = d->heads, kv = d->kv_heads;
-    int r = task / heads, h = task % heads, kvh = h / (heads / kv);
+    int hd = d->head_dim, heads = d->heads, kv = d->kv_heads, group = heads / kv;
+    int r = task / kv, kvh = task % kv;
     int qkv_w = (heads + 2 * kv) * hd;
-    const float* q = c->qkv + (long)r * qkv_w + (long)h * hd;
+    const float* q0 = c->qkv + (long)r * qkv_w + (long)kvh * group * hd;
     long pos = c->positions[r];
     long slot = c->slots[r / c->S];
     long base = ((((long)c->layer * c->num_slots + slot) * kv + kvh) * c->max_len) * hd;
     const float* K = c->k_cache + base;
     const float* V = c->v_cache + base;
-    float acc[1024];
-    for (int i = 0; i < hd; ++i) acc[i] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+    float acc[group * hd], m[group], l[group];
+    for (int i = 0; i < group * hd; ++i) acc[i] = 0.0f;
+    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.0f; }
     float s[KB];
     for (long j0 = 0; j0 <= pos; j0 += KB) {
         int n = pos + 1 - j0 < KB ? (int)(pos + 1 - j0) : KB;
-        float bm = -INFINITY;
-        for (int j = 0; j < n; ++j) {
-            s[j] = dot_f32(q, K + (j0 + j) * hd, hd) * d->scaling;
-            if (s[j] > bm) bm = s[j];
-        }
-        float nm = bm > m ? bm : m;
-        float rescale = m == -INFINITY ? 0.0f : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m - nm)));
-        __m512 vnm = _mm512_set1_ps(nm);
-        float bl = 0.0f;
-        for (int j = 0; j < n; j += 16) {
-            __mmask16 mk = tail_mask(n - j);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vnm));
-            e = _mm512_maskz_mov_ps(mk, e);
-            _mm512_mask_storeu_ps(s + j, mk, e);
-            bl += _mm512_reduce_add_ps(e);
-        }
-        l = l * rescale + bl;
-        m = nm;
-        for (int i = 0; i < hd; i += 16) {
-            __mmask16 mk = tail_mask(hd - i);
-            __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + i), _mm512_set1_ps(rescale));
-            for (int j = 0; j < n; ++j)
-                a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_maskz_loadu_ps(mk, V + (j0 + j) * hd + i), a);
-            _mm512_mask_storeu_ps(acc + i, mk, a);
+        for (int g = 0; g < group; ++g) {
+            const float* q = q0 + (long)g * hd;
+            float* a_g = acc + (long)g * hd;
+            float bm = -INFINITY;
+            for (int j = 0; j < n; ++j) {
+                s[j] = dot_f32(q, K + (j0 + j) * hd, hd) * d->scaling;
+                if (s[j] > bm) bm = s[j];
+            }
+            float nm = bm > m[g] ? bm : m[g];
+            float rescale = m[g] == -INFINITY ? 0.0f : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[g] - nm)));
+            __m512 vnm = _mm512_set1_ps(nm);
+            float bl = 0.0f;
+            for (int j = 0; j < n; j += 16) {
+                __mmask16 mk = tail_mask(n - j);
+                __m512 e = exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vnm));
+                e = _mm512_maskz_mov_ps(mk, e);
+                _mm512_mask_storeu_ps(s + j, mk, e);
+                bl += _mm512_reduce_add_ps(e);
+            }
+            l[g] = l[g] * rescale + bl;
+            m[g] = nm;
+            for (int i = 0; i < hd; i += 16) {
+                __mmask16 mk = tail_mask(hd - i);
+                __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, a_g + i), _mm512_set1_ps(rescale));
+                for (int j = 0; j < n; ++j)
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), _mm512_maskz_loadu_ps(mk, V + (j0 + j) * hd + i), a);
+                _mm512_mask_storeu_ps(a_g + i, mk, a);
+            }
         }
     }
-    float* o = c->out + (long)r * heads * hd + (long)h * hd;
-    float inv = 1.0f / l;
-    for (int i = 0; i < hd; ++i) o[i] = acc[i] * inv;
+    for (int g = 0; g < group; ++g) {
+        float* o = c->out + (long)r * heads * hd + (long)(kvh * group + g) * hd;
+        float inv = 1.0f / l[g];
+        for (int i = 0; i < hd; ++i) o[i] = acc[(long)g * hd + i] * inv;
+    }
 }
 
 static void attend_range(const gemv_args* a, int begin, int end) {
     /* share() hands its range function a gemv_args: the attention context rides in ``x``. */
     const attn_ctx* c = (const attn_ctx*)a->x;
-    for (int t = begin; t < end; ++t) attend_one(c, t);
+    for (int t = begin; t < end; ++t) attend_group(c, t);
 }
 
 static void linear_i8(const float* x, const void* w, const void* scale, const void* bias, float* y,
@@ -193,12 +203,13 @@ long stack_workspace_f32(const stack_desc* d, int R) {
 }
 
 /* Returns 0, or 1 for a position outside [0, max_len), 2 for a slot outside [0, num_slots), 3 for
-   a head_dim over 1024 (before anything is written). */
+   a head_dim over 1024, query heads not a multiple of the kv heads or more than 64 to a kv head
+   (checked before anything is written). */
 int stack_forward_f32(const stack_desc* d, const float* x_in, float* out, const float* cos_t, const float* sin_t,
                       const int64_t* positions, const int64_t* slots, int B, int S,
                       float* k_cache, float* v_cache, int num_slots, int max_len, float* work, int nthreads) {
     int R = B * S, H = d->hidden, hd = d->head_dim, heads = d->heads, kv = d->kv_heads, I = d->inter;
-    if (hd > 1024 || heads % kv) return 3;
+    if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;
     int A = heads * hd, QKV = A + 2 * kv * hd;
@@ -236,7 +247,7 @@ int stack_forward_f32(const stack_desc* d, const float* x_in, float* out, const 
         }
         attn_ctx ctx = {d, layer, qkv, k_cache, v_cache, positions, slots, S, num_slots, max_len, attn};
         gemv_args a = {&ctx, NULL, NULL, NULL, NULL, 0, 0, 0};
-        share(attend_range, &a, R * heads, 1, work_keys >= ATTN_MIN_WORK ? nthreads : 1);
+        share(attend_range, &a, R * kv, 1, work_keys >= ATTN_MIN_WORK ? nthreads : 1);
         linear_i8(attn, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads);
         add_f32(x, tmp, (long)R * H);
         for (int r = 0; r < R; ++r) rms_norm_f32(x + (long)r * H, p[P_POST_NORM], h + (long)r * H, H, d->eps);
