@@ -257,8 +257,8 @@ def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
                 parent._modules[n] = None  # weights held once, by the fused call
             used[f"{fused.kernel} fused {'+'.join(part_names)}"] += 1
     # Whole decoder stacks (a module's FUSED_STACK: the attribute to fill) in one compiled call
-    # per forward where all their linears got our packed int8 GEMV: the small ops between the
-    # linears cost about as much as the linears at decode (tts_common.kernels.fused_stack).
+    # per forward where all their linears got one of our packed GEMV kernels: the small ops
+    # between the linears cost about as much as the linears at decode (.fused_stack).
     for stack in list(module.modules()):
         attribute = getattr(type(stack), "FUSED_STACK", None)
         if attribute is None:
@@ -266,7 +266,7 @@ def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
         fused_stack = fuse_stack(stack)
         setattr(stack, attribute, fused_stack)
         if fused_stack is not None:
-            used[f"fused stack ({fused_stack.dims.layers} layers)"] += 1
+            used[f"fused stack {fused_stack.kernel} ({fused_stack.dims.layers} layers)"] += 1
     return used
 
 

@@ -1,6 +1,6 @@
 """One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
-where every linear of the stack is our packed int8 GEMV (``--quantization int8``: float32
-activations, float32 KV cache).
+where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8``
+(``--quantization int8``), ``gemv-bf16`` or ``gemv-bf16dp`` (bfloat16).
 
 Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
 times; with the linears at their memory-bandwidth floor, the ~7000 small torch ops, Python and
@@ -10,19 +10,27 @@ of the same library, on the same worker pool.
 
 Scope (the caller decides per call, :meth:`FusedStack.accepts`): tokens that each attend keys
 ``[0, own position]`` of their row's cache slot, exactly (the talker's masked decode, the code
-predictor's causal prefill of positions 0..S-1 and its one-token steps); float32 activations and
-a contiguous float32 cache ``[layers, slots, kv_heads, max_len, head_dim]``. A stack whose
-linears are anything else gets no fused forward (:func:`fuse_stack` returns None) and keeps the
-torch path, bit for bit.
+predictor's causal prefill of positions 0..S-1 and its one-token steps); activations and a
+contiguous KV cache ``[layers, slots, kv_heads, max_len, head_dim]`` in the model's dtype
+(float32 or bfloat16). A stack whose linears are anything else (torch, oneDNN, the row-wise
+bf16 kernel, a machine without the compiled library) gets no fused forward (:func:`fuse_stack`
+returns None) and keeps the torch path, bit for bit.
 
-Numerics against the torch path with the same GEMV kernels: every operation is the same float32
-operation, but sums run in another order (RMSNorm's mean of squares, q.k dots, the softmax sum
-and value sums: 16 lanes then one reduction; the attention is an online softmax over blocks of
-64 keys), ``exp`` is a polynomial of about 1 ulp (softmax, SiLU) instead of torch's, and the
-compiler may fuse a product and a sum into one FMA (RoPE): last-bit differences per operation,
-which the tests bound (relative 1e-4 of the hidden states' scale after a few layers). The
-cos/sin rows are the caller's (the torch path's own tables), and a token's bits never depend on
-the other rows of its call (each is computed from its own row alone).
+Numerics against the torch path with the same GEMV kernels: every operation is the same
+operation, rounded to bfloat16 exactly where the torch path stores a bfloat16 tensor (RMSNorm's
+normalized value and its product with the weight, each linear's output, the RoPE products and
+their sum, the attention output, the residual sums, SiLU and its product with ``up``; the K/V
+written). Where they differ: sums run in another order (RMSNorm's mean of squares, q.k dots, the
+softmax sum and value sums: 16 lanes then one reduction; the attention is an online softmax over
+blocks of 64 keys, where torch's CPU flash attention takes larger blocks), ``exp`` is a
+polynomial of about 1 ulp (softmax, SiLU) instead of torch's, and in bfloat16 the softmax
+probabilities are rounded to bf16 before they weight the values (what torch's CPU flash kernel
+does for reduced precision; its exact blocking is not reproduced). float32: last-bit differences
+per operation (the tests bound them at relative 1e-5); bfloat16: a value near a rounding
+boundary can land one bf16 step (2^-8 relative) apart, and that propagates (the tests bound it
+loosely, as the bf16 kernels' own tests do). The cos/sin rows are the caller's (the torch path's
+own tables), and a token's bits never depend on the other rows of its call (each is computed
+from its own row alone).
 """
 
 from __future__ import annotations
@@ -49,6 +57,8 @@ class _StackDesc(ctypes.Structure):
         ("kv_heads", ctypes.c_int),
         ("head_dim", ctypes.c_int),
         ("inter", ctypes.c_int),
+        ("bf16", ctypes.c_int),
+        ("kind", ctypes.c_int),
         ("eps", ctypes.c_float),
         ("scaling", ctypes.c_float),
         ("params", ctypes.POINTER(ctypes.c_void_p)),
@@ -60,7 +70,10 @@ _ERRORS = {
     1: "a position lies outside the cache",
     2: "a slot lies outside the cache",
     3: "the head dimension is over 1024, or the heads are not a multiple of the kv heads (at most 64 each)",
+    4: "the bf16 dot-product kernel is not in this build",
 }
+KINDS = {"gemv-int8": 0, "gemv-bf16": 1, "gemv-bf16dp": 2}
+"""The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +97,8 @@ class FusedStack:
     def __init__(
         self,
         dims: StackDims,
+        dtype: torch.dtype,
+        kernel: str,
         eps: float,
         scaling: float,
         tensors: list[torch.Tensor | None],
@@ -93,6 +108,9 @@ class FusedStack:
         assert lib is not None
         self._lib = lib
         self.dims = dims
+        self.dtype = dtype
+        """The activations' and the KV cache's dtype."""
+        self.kernel = kernel
         self._tensors = [t for t in tensors if t is not None] + [final_norm]  # kept alive
         self._params = (ctypes.c_void_p * len(tensors))(
             *(None if t is None else t.data_ptr() for t in tensors)
@@ -104,6 +122,8 @@ class FusedStack:
             dims.kv_heads,
             dims.head_dim,
             dims.intermediate,
+            int(dtype == torch.bfloat16),
+            KINDS[kernel],
             eps,
             scaling,
             ctypes.cast(self._params, ctypes.POINTER(ctypes.c_void_p)),
@@ -111,17 +131,17 @@ class FusedStack:
         )
 
     def accepts(self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor) -> bool:
-        """Whether :meth:`forward` runs these activations and caches (float32, on CPU, the
-        cache contiguous and shaped for this stack)."""
+        """Whether :meth:`forward` runs these activations and caches (the stack's dtype, on
+        CPU, the cache contiguous and shaped for this stack)."""
         d = self.dims
         shape = (d.layers, k_cache.shape[1] if k_cache.dim() == 5 else -1, d.kv_heads)
         return (
-            x.dtype == torch.float32
+            x.dtype == self.dtype
             and x.device.type == "cpu"
             and x.dim() == 3
             and x.shape[-1] == d.hidden
             and all(
-                c.dtype == torch.float32
+                c.dtype == self.dtype
                 and c.device.type == "cpu"
                 and c.dim() == 5
                 and tuple(c.shape[:3]) == shape
@@ -145,8 +165,8 @@ class FusedStack:
         """The stack's final-norm hidden states [B, S, H] of ``x`` [B, S, H]: token (b, s) at
         cache position ``positions[b, s]`` of slot ``slots`` (int: slot ``slots + b``; None:
         slot b; tensor [B]: ``slots[b]``), attending keys ``[0, positions[b, s]]`` of its slot;
-        its K/V are written there. ``cos``/``sin`` [B, S, head_dim] float32: the RoPE tables of
-        ``positions``. Raises ValueError for a position or slot outside the cache."""
+        its K/V are written there. ``cos``/``sin`` [B, S, head_dim]: the RoPE tables of
+        ``positions`` (in the activations' dtype, as the torch path uses them). Raises ValueError for a position or slot outside the cache."""
         b, s, hidden = x.shape
         if isinstance(slots, torch.Tensor):
             slot_rows = slots.to(torch.int64).contiguous()
@@ -156,14 +176,13 @@ class FusedStack:
             raise ValueError(
                 f"slots {tuple(slot_rows.shape)} / positions {tuple(positions.shape)} do not fit x"
             )
-        x = x.contiguous()
+        dtype = x.dtype
+        x = x.float().contiguous()
         positions = positions.to(torch.int64).contiguous()
         cos, sin = cos.float().contiguous(), sin.float().contiguous()
         out = torch.empty(b, s, hidden, dtype=torch.float32)
-        work = torch.empty(
-            self._lib.stack_workspace_f32(ctypes.byref(self._desc), b * s), dtype=torch.float32
-        )
-        rc = self._lib.stack_forward_f32(
+        work = torch.empty(self._lib.stack_workspace(ctypes.byref(self._desc), b * s), dtype=torch.float32)
+        rc = self._lib.stack_forward(
             ctypes.byref(self._desc),
             x.data_ptr(),
             out.data_ptr(),
@@ -182,13 +201,13 @@ class FusedStack:
         )
         if rc:
             raise ValueError(f"fused stack: {_ERRORS.get(rc, f'error {rc}')}")
-        return out
+        return out.to(dtype)  # exact: bf16 activations are rounded in C
 
 
-def _gemv_int8(layer: nn.Module | None, fan_in: int, fan_out: int) -> GemvLinear | None:
+def _packed_gemv(layer: nn.Module | None, fan_in: int, fan_out: int) -> GemvLinear | None:
     if (
         isinstance(layer, GemvLinear)
-        and layer.kernel == "gemv-int8"
+        and layer.kernel in KINDS
         and layer._packed is not None
         and layer.in_features == fan_in
         and layer.out_features == fan_out
@@ -197,15 +216,11 @@ def _gemv_int8(layer: nn.Module | None, fan_in: int, fan_out: int) -> GemvLinear
     return None
 
 
-def _norm_weight(norm: nn.Module, dim: int) -> torch.Tensor | None:
+def _norm_weight(norm: nn.Module, dim: int, dtype: torch.dtype) -> torch.Tensor | None:
+    """The norm's weight as float32 (exact for a bfloat16 one), or None where it does not fit."""
     w = getattr(norm, "weight", None)
-    if (
-        isinstance(w, torch.Tensor)
-        and w.dtype == torch.float32
-        and w.shape == (dim,)
-        and w.device.type == "cpu"
-    ):
-        return w.detach().contiguous()
+    if isinstance(w, torch.Tensor) and w.dtype == dtype and w.shape == (dim,) and w.device.type == "cpu":
+        return w.detach().float().contiguous()
     return None
 
 
@@ -214,58 +229,56 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     of ``input_layernorm``, ``self_attn`` (fused ``qkv_proj``, ``o_proj``, ``q_norm``,
     ``k_norm``), ``post_attention_layernorm``, ``mlp`` (fused ``gate_up_proj``, ``down_proj``,
     SiLU); ``norm``), or None where it cannot run it: the library missing here, a linear that
-    is not our packed int8 GEMV, float32 norms missing, or norms of different epsilons."""
+    is not one packed GEMV kernel throughout, the bf16 kernels in a float32 model, norms of
+    another dtype than the model's or of different epsilons. The activations' dtype is the
+    norms' (the model's): float32 or bfloat16."""
     lib = library()
     layers = getattr(stack, "layers", None)
-    if lib is None or not hasattr(lib, "stack_forward_f32") or not layers:
+    if lib is None or not hasattr(lib, "stack_forward") or not layers:
         return None
     first = layers[0].self_attn
+    dtype = layers[0].input_layernorm.weight.dtype
+    if dtype not in (torch.float32, torch.bfloat16):
+        return None
     hidden = layers[0].input_layernorm.weight.shape[0]
     heads, kv_heads, head_dim = first.heads, first.kv_heads, first.head_dim
-    inter = layers[0].mlp.down_proj.in_features if layers[0].mlp.down_proj is not None else 0
+    down_proj = getattr(layers[0].mlp, "down_proj", None)
+    if not isinstance(down_proj, GemvLinear):
+        return None
+    inter, kernel = down_proj.in_features, down_proj.kernel
+    if kernel not in KINDS or (kernel != "gemv-int8" and dtype != torch.bfloat16):
+        return None
     eps = stack.norm.eps
     tensors: list[torch.Tensor | None] = []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         if (attn.heads, attn.kv_heads, attn.head_dim) != (heads, kv_heads, head_dim) or mlp.act is not F.silu:
             return None
-        qkv = _gemv_int8(attn.qkv_proj, hidden, (heads + 2 * kv_heads) * head_dim)
-        o = _gemv_int8(attn.o_proj, heads * head_dim, hidden)
-        gate_up = _gemv_int8(mlp.gate_up_proj, hidden, 2 * inter)
-        down = _gemv_int8(mlp.down_proj, inter, hidden)
+        qkv = _packed_gemv(attn.qkv_proj, hidden, (heads + 2 * kv_heads) * head_dim)
+        o = _packed_gemv(attn.o_proj, heads * head_dim, hidden)
+        gate_up = _packed_gemv(mlp.gate_up_proj, hidden, 2 * inter)
+        down = _packed_gemv(mlp.down_proj, inter, hidden)
         norms = [
             (layer.input_layernorm, hidden),
             (attn.q_norm, head_dim),
             (attn.k_norm, head_dim),
             (layer.post_attention_layernorm, hidden),
         ]
-        weights = [_norm_weight(n, dim) for n, dim in norms]
-        if None in (qkv, o, gate_up, down) or any(w is None for w in weights):
+        weights = [_norm_weight(n, dim, dtype) for n, dim in norms]
+        if qkv is None or o is None or gate_up is None or down is None or any(w is None for w in weights):
             return None
-        if any(n.eps != eps for n, _ in norms) or gate_up.bias is not None or down.bias is not None:  # type: ignore[union-attr]
+        if any(lin.kernel != kernel for lin in (qkv, o, gate_up, down)):
+            return None
+        if any(n.eps != eps for n, _ in norms) or gate_up.bias is not None or down.bias is not None:
             return None
         in_norm, q_norm, k_norm, post_norm = weights
-        tensors += [
-            in_norm,
-            qkv.weight,
-            qkv.scale,
-            qkv.bias,  # type: ignore[union-attr]
-            q_norm,
-            k_norm,
-            o.weight,
-            o.scale,
-            o.bias,  # type: ignore[union-attr]
-            post_norm,
-            gate_up.weight,
-            gate_up.scale,  # type: ignore[union-attr]
-            down.weight,
-            down.scale,  # type: ignore[union-attr]
-        ]
-    final = _norm_weight(stack.norm, hidden)
+        tensors += [in_norm, qkv.weight, qkv.scale, qkv.bias, q_norm, k_norm, o.weight, o.scale, o.bias]
+        tensors += [post_norm, gate_up.weight, gate_up.scale, down.weight, down.scale]
+    final = _norm_weight(stack.norm, hidden, dtype)
     if final is None:
         return None
     dims = StackDims(len(layers), hidden, heads, kv_heads, head_dim, inter)
-    return FusedStack(dims, eps, float(first.scaling), tensors, final)
+    return FusedStack(dims, dtype, kernel, eps, float(first.scaling), tensors, final)
 
 
-__all__ = ["FusedStack", "StackDims", "fuse_stack"]
+__all__ = ["KINDS", "FusedStack", "StackDims", "fuse_stack"]

@@ -91,11 +91,11 @@ def _library() -> ctypes.CDLL | None:
         if fn is not None:
             fn.argtypes = args
             fn.restype = None
-    lib.stack_workspace_f32.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    lib.stack_workspace_f32.restype = ctypes.c_long
-    lib.stack_forward_f32.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
-    lib.stack_forward_f32.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int]
-    lib.stack_forward_f32.restype = ctypes.c_int
+    lib.stack_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.stack_workspace.restype = ctypes.c_long
+    lib.stack_forward.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
+    lib.stack_forward.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int]
+    lib.stack_forward.restype = ctypes.c_int
     return lib
 
 

@@ -1,7 +1,8 @@
 """The fused decoder-stack forward (tts_common.kernels.fused_stack): close to the torch path with
-the same int8 GEMV kernels (hidden states and every K/V written), a row's outputs and cache
-writes bit-identical whatever rows share its call, set up only where every linear is our packed
-int8 GEMV, and used only for the attention layouts it computes."""
+the same packed GEMV kernels (hidden states and every K/V written; int8 with float32 or
+bfloat16 activations, gemv-bf16, gemv-bf16dp), a row's outputs and cache writes bit-identical
+whatever rows share its call, set up only where every linear is one of our packed GEMV kernels,
+and used only for the attention layouts it computes."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ from hypothesis import strategies as st
 
 from talker_service.model.layers import AttentionSpec, DecoderStack
 from tts_common.kernels.cache import CACHE_ENV
-from tts_common.kernels.choice import set_up_linears
-from tts_common.kernels.gemv import library
+from tts_common.kernels.candidates import candidate_available
+from tts_common.kernels.choice import KernelTable, linear_shapes, use_kernels
+from tts_common.kernels.gemv import bf16_dot_available, library
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -21,9 +23,20 @@ pytestmark = [
         library() is None, reason="no C compiler or no AVX-512 here: the fused stack is not built"
     ),
 ]
-RTOL, ATOL = 1e-5, 2e-6
-"""Fused against the torch path (same GEMV kernels): sums in another order and a ~1 ulp exp per
-operation, over up to 3 layers (measured at most 5.4e-7 of |value| + 1 over 200 examples)."""
+FAMILIES = {
+    "int8": (torch.float32, "gemv-int8"),
+    "int8-bf16": (torch.bfloat16, "gemv-int8"),
+    "bf16": (torch.bfloat16, "gemv-bf16"),
+    **({"bf16dp": (torch.bfloat16, "gemv-bf16dp")} if bf16_dot_available() else {}),
+}
+"""Activation dtype and GEMV kernel of each fused configuration (int8 in a bfloat16 model too)."""
+TOLERANCE = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (3e-2, 3e-2)}
+"""(rtol, atol) of fused against the torch path (same GEMV kernels), by activation dtype.
+float32: sums in another order and a ~1 ulp exp per operation, over up to 3 layers (measured
+at most 5.8e-7 of |value| + 1 over 300 examples). bfloat16: both round at the same points, so
+values are mostly bit-identical (whole calls in 30-75% of examples); one nearer a rounding
+boundary than the float32 differences lands one bf16 step (2^-8 relative) apart and carries that
+into later layers (measured at most 1.3e-2 of |value| + 1)."""
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -38,19 +51,23 @@ _STACKS: dict[tuple, DecoderStack] = {}
 
 
 def _stack(
-    layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, bias: bool
+    layers: int, hidden: int, heads: int, kv_heads: int, head_dim: int, inter: int, bias: bool, family: str
 ) -> DecoderStack:
-    """A random stack with the engine's int8 GEMV kernels (cached per config: building one packs
-    its weights)."""
-    key = (layers, hidden, heads, kv_heads, head_dim, inter, bias)
+    """A random stack with one of our packed GEMV kernels throughout, as the engine sets them up
+    (cached per config: building one packs its weights)."""
+    key = (layers, hidden, heads, kv_heads, head_dim, inter, bias, family)
     if key not in _STACKS:
-        torch.manual_seed(hash(key) % 2**31)
+        dtype, kernel = FAMILIES[family]
+        torch.manual_seed(hash(key[:-1]) % 2**31)
         stack = DecoderStack(layers, hidden, inter, heads, kv_heads, head_dim, 1e-6, 10000.0, bias)
         with torch.no_grad():
             for p in stack.parameters():
                 p.normal_(0.0, 0.3)
-        set_up_linears(stack, "cpu", torch.float32, "gemv", "int8", (1, 2))
-        assert stack.fused_stack is not None
+        stack = stack.to(dtype)
+        table = KernelTable("int8" if kernel == "gemv-int8" else "bfloat16", (1,))
+        table.chosen = dict.fromkeys(linear_shapes(stack), kernel)
+        use_kernels(stack, table)
+        assert stack.fused_stack is not None and stack.fused_stack.kernel == kernel
         _STACKS[key] = stack
     return _STACKS[key]
 
@@ -67,8 +84,8 @@ configs = st.tuples(
 
 @st.composite
 def calls(draw: st.DrawFn):  # type: ignore[no-untyped-def]
-    """A stack and one call: rows, tokens per row (1, or 2 in causal order), positions, the slot
-    mapping (int, None, tensor), and the cache."""
+    """A stack (its dimensions and :data:`FAMILIES` entry) and one call: rows, tokens per row (1,
+    or 2 in causal order), positions, the slot mapping (int, None, tensor), and the cache."""
     layers, hidden, (heads, kv), head_dim, inter, bias = draw(configs)
     rows = draw(st.integers(1, 8))
     s = draw(st.sampled_from([1, 2]))
@@ -84,24 +101,18 @@ def calls(draw: st.DrawFn):  # type: ignore[no-untyped-def]
     firsts = [draw(st.integers(0, max_len - s)) for _ in range(rows)]
     positions = torch.tensor([[p + i for i in range(s)] for p in firsts])
     seed = draw(st.integers(0, 2**16))
-    return (
-        (layers, hidden, heads, kv, head_dim, inter, bias),
-        rows,
-        s,
-        slots,
-        positions,
-        num_slots,
-        max_len,
-        seed,
-    )
+    family = draw(st.sampled_from(sorted(FAMILIES)))
+    cfg = (layers, hidden, heads, kv, head_dim, inter, bias, family)
+    return cfg, rows, s, slots, positions, num_slots, max_len, seed
 
 
 def _inputs(cfg: tuple, rows: int, s: int, num_slots: int, max_len: int, seed: int):  # type: ignore[no-untyped-def]
-    layers, hidden, _, kv, head_dim, _, _ = cfg
+    layers, hidden, _, kv, head_dim, _, _, family = cfg
+    dtype = FAMILIES[family][0]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, s, hidden, generator=g)
     k = torch.randn(layers, num_slots, kv, max_len, head_dim, generator=g)
-    return x, k, torch.randn(k.shape, generator=g)
+    return x.to(dtype), k.to(dtype), torch.randn(k.shape, generator=g).to(dtype)
 
 
 def _spec(positions: torch.Tensor, slots: int | torch.Tensor | None) -> AttentionSpec:
@@ -137,10 +148,12 @@ def test_fused_stack_matches_the_torch_path_with_the_same_kernels(call) -> None:
     spec = _spec(positions, slots)
     got, got_k, got_v = _run(stack, x, k, v, spec, fused=True)
     want, want_k, want_v = _run(stack, x, k, v, spec, fused=False)
-    torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+    rtol, atol = TOLERANCE[x.dtype]
+    assert got.dtype == want.dtype and got_k.dtype == want_k.dtype
+    torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
     # Every K/V written where the torch path writes it (and nothing else touched).
-    torch.testing.assert_close(got_k, want_k, rtol=RTOL, atol=ATOL)
-    torch.testing.assert_close(got_v, want_v, rtol=RTOL, atol=ATOL)
+    torch.testing.assert_close(got_k, want_k, rtol=rtol, atol=atol)
+    torch.testing.assert_close(got_v, want_v, rtol=rtol, atol=atol)
     assert not torch.equal(got_k, k) and not torch.equal(got_v, v)
 
 
@@ -171,24 +184,39 @@ def test_a_rows_outputs_and_cache_writes_do_not_depend_on_its_batch(call, thread
         torch.set_num_threads(previous)
 
 
-def test_only_stacks_of_packed_int8_gemv_get_a_fused_forward() -> None:
-    for dtype, linear, quantization in [
-        (torch.float32, "auto", "none"),
-        (torch.bfloat16, "gemv", "none"),
-        (torch.float32, "torch", "int8"),
-    ]:
-        stack = DecoderStack(1, 32, 32, 2, 1, 16, 1e-6, 10000.0).to(dtype)
-        set_up_linears(stack, "cpu", dtype, linear, quantization, (1,))
-        assert stack.fused_stack is None, (dtype, linear, quantization)
+def test_only_stacks_of_one_packed_gemv_get_a_fused_forward() -> None:
+    cases = [
+        (torch.float32, "float32", "onednn-fp32"),
+        (torch.float32, "float32", "torch-fp32"),
+        (torch.float32, "int8", "torch-int8"),
+        (torch.bfloat16, "bfloat16", "onednn-bf16"),
+        (torch.bfloat16, "bfloat16", "gemvrow-bf16dp"),  # our dot product, not packed
+        (torch.float32, "bfloat16", "gemv-bf16"),  # bf16 weights in a float32 model
+    ]
+    for dtype, family, kernel in cases:
+        if not candidate_available(kernel):
+            continue
+        stack = DecoderStack(2, 32, 32, 2, 1, 16, 1e-6, 10000.0).to(dtype)
+        table = KernelTable(family, (1,))
+        table.chosen = dict.fromkeys(linear_shapes(stack), kernel)
+        use_kernels(stack, table)
+        assert stack.fused_stack is None, (dtype, kernel)
+    # One layer's MLP on another kernel: the whole stack stays on the torch path.
+    stack = DecoderStack(2, 32, 32, 2, 1, 16, 1e-6, 10000.0)
+    table = KernelTable("int8", (1,))
+    table.chosen = dict.fromkeys(linear_shapes(stack), "gemv-int8")
+    stack.layers[1].mlp.down_proj = torch.nn.Identity()  # not an nn.Linear: left as it is
+    use_kernels(stack, table)
+    assert stack.fused_stack is None
 
 
-def test_the_fused_forward_runs_only_for_prefix_attention_and_float32(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    stack = _stack(1, 32, 2, 1, 16, 32, False)
+def test_the_fused_forward_runs_only_for_prefix_attention_in_its_dtype(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    stack = _stack(1, 32, 2, 1, 16, 32, False, "int8")
     assert stack.fused_stack is not None
     calls: list[int] = []
     forward = stack.fused_stack.forward
     monkeypatch.setattr(stack.fused_stack, "forward", lambda *a: calls.append(1) or forward(*a))
-    x, k, v = _inputs((1, 32, 2, 1, 16, 32, False), 2, 1, 2, 8, 0)
+    x, k, v = _inputs((1, 32, 2, 1, 16, 32, False, "int8"), 2, 1, 2, 8, 0)
     positions = torch.tensor([[3], [5]])
     spec = _spec(positions, None)
     _run(stack, x, k, v, spec, fused=True)
@@ -205,8 +233,8 @@ def test_the_fused_forward_runs_only_for_prefix_attention_and_float32(monkeypatc
 
 
 def test_a_position_outside_the_cache_is_an_error_not_a_write() -> None:
-    stack = _stack(1, 32, 2, 1, 16, 32, False)
-    x, k, v = _inputs((1, 32, 2, 1, 16, 32, False), 1, 1, 1, 8, 0)
+    stack = _stack(1, 32, 2, 1, 16, 32, False, "int8")
+    x, k, v = _inputs((1, 32, 2, 1, 16, 32, False, "int8"), 1, 1, 1, 8, 0)
     fused = stack.fused_stack
     assert fused is not None
     cos = sin = torch.ones(1, 1, 16)
