@@ -147,20 +147,23 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
         ("float32", "none", "auto"),
         ("bfloat16", "none", "auto"),
         ("float32", "int8", "auto"),
-        pytest.param(
-            "float32",
-            "int8",
-            "gemv",
-            marks=pytest.mark.skipif(
-                not gemv_available(), reason="no C compiler or AVX-512: no GEMV, no fused stack"
-            ),
+        *(
+            pytest.param(
+                dtype,
+                quantization,
+                "gemv",
+                marks=pytest.mark.skipif(
+                    not gemv_available(), reason="no C compiler or AVX-512: no GEMV, no fused stack"
+                ),
+            )
+            for dtype, quantization in (("float32", "int8"), ("bfloat16", "none"))
         ),
     ],
 )
 def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str, linear: str) -> None:
     """Rows at the same position get the same bits alone and batched, with the kernels an engine
-    chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 GEMV
-    everywhere (``--linear gemv``), where the talker and the code predictor each run as one fused
+    chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 or bf16
+    GEMV everywhere (``--linear gemv``), where the talker and the code predictor each run as one fused
     stack call (tts_common.kernels.fused_stack).
 
     The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
