@@ -8,8 +8,9 @@ and the frames/s at ``--batch`` against 1 row.
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants float32,auto,int8
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8-unfused,int8
 
-``int8-unfused``: int8 with the decoder stacks on the torch path between the same kernels (no
-fused stack forward: tts_common.kernels.fused_stack), the step as it ran before the fused stack.
+A variant with ``-unfused`` (``int8-unfused``, ``bfloat16-unfused``): the same kernels with the
+decoder stacks on the torch path (no fused stack forward: tts_common.kernels.fused_stack), the
+step as it ran before the fused stack.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument(
-        "--variants", default="float32,auto,int8", help="dtypes (auto resolved), int8 or int8-unfused"
+        "--variants", default="float32,auto,int8", help="dtypes (auto resolved) or int8, each maybe -unfused"
     )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="decode steps per timing")
@@ -48,13 +49,14 @@ def main() -> None:
     buckets = sorted({1, 2, 4, opts.batch})
     runners, floors_bytes, kernels = {}, {}, {}
     for name in opts.variants.split(","):
-        int8 = name in ("int8", "int8-unfused")
-        dtype = "float32" if int8 else resolve_dtype(name, "cpu")
+        base = name.removesuffix("-unfused")
+        int8 = base == "int8"
+        dtype = "float32" if int8 else resolve_dtype(base, "cpu")
         model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, dtype))
         kernels[name], _ = set_up_linears(
             model.talker, "cpu", model.dtype, "auto", "int8" if int8 else "none", buckets
         )
-        if name == "int8-unfused":
+        if name != base:
             for stack in model.talker.modules():
                 if (attribute := getattr(type(stack), "FUSED_STACK", None)) is not None:
                     setattr(stack, attribute, None)
