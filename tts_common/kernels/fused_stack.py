@@ -105,7 +105,7 @@ class FusedStack:
         final_norm: torch.Tensor,
     ) -> None:
         lib = library()
-        assert lib is not None
+        assert lib is not None and len(tensors) == dims.layers * PARAMS_PER_LAYER
         self._lib = lib
         self.dims = dims
         self.dtype = dtype
@@ -166,7 +166,8 @@ class FusedStack:
         cache position ``positions[b, s]`` of slot ``slots`` (int: slot ``slots + b``; None:
         slot b; tensor [B]: ``slots[b]``), attending keys ``[0, positions[b, s]]`` of its slot;
         its K/V are written there. ``cos``/``sin`` [B, S, head_dim]: the RoPE tables of
-        ``positions`` (in the activations' dtype, as the torch path uses them). Raises ValueError for a position or slot outside the cache."""
+        ``positions`` (in the activations' dtype, as the torch path uses them). Raises
+        ValueError for a position or slot outside the cache."""
         b, s, hidden = x.shape
         if isinstance(slots, torch.Tensor):
             slot_rows = slots.to(torch.int64).contiguous()
@@ -242,6 +243,8 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
         return None
     hidden = layers[0].input_layernorm.weight.shape[0]
     heads, kv_heads, head_dim = first.heads, first.kv_heads, first.head_dim
+    if head_dim > 1024 or head_dim % 2 or heads % kv_heads or heads // kv_heads > 64:
+        return None  # beyond the C side's fixed buffers (released models: 128, 2 heads per kv head)
     down_proj = getattr(layers[0].mlp, "down_proj", None)
     if not isinstance(down_proj, GemvLinear):
         return None
