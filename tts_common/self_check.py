@@ -29,6 +29,13 @@ CUDA_GRAPHS_CHOICES: tuple[str, ...] = ("auto", "on", "off")
 T = TypeVar("T")
 
 
+def check_graph_device(choice: str, device: object, emulated: bool = False) -> None:
+    """``--cuda-graphs on`` needs a cuda device (or the CPU emulation of the graph path, a
+    test setting): raise ValueError naming ``device`` otherwise."""
+    if choice == "on" and not emulated and getattr(device, "type", None) != "cuda":
+        raise ValueError(f"--cuda-graphs on needs a cuda device, not {device}")
+
+
 class CheckFailedError(AssertionError):
     """A self-check found a mismatch; the message says what and where."""
 
@@ -172,6 +179,7 @@ __all__ = [
     "GraphPathError",
     "GraphPathOutcome",
     "SelfCheckReport",
+    "check_graph_device",
     "choose_graph_path",
     "run_check",
     "run_checks",

@@ -16,7 +16,13 @@ from typing import Any
 import torch
 
 from tts_common import metrics
-from tts_common.self_check import CheckFailedError, GraphPathOutcome, SelfCheckReport, choose_graph_path
+from tts_common.self_check import (
+    CheckFailedError,
+    GraphPathOutcome,
+    SelfCheckReport,
+    check_graph_device,
+    choose_graph_path,
+)
 
 from .decoder import CodecDecoder
 from .streaming import DecoderSession, SessionBatcher
@@ -95,9 +101,8 @@ def start_batcher(
 ) -> tuple[SessionBatcher, GraphPathOutcome]:
     """The decoder's batcher: with its graphs captured and self-checked where they apply (a cuda
     device and ``choice`` not off, or ``emulate``), else eager. ``choice``: ``--cuda-graphs``."""
+    check_graph_device(choice, decoder.device, emulated=emulate)
     on_cuda = decoder.device.type == "cuda"
-    if choice == "on" and not (on_cuda or emulate):
-        raise ValueError(f"--cuda-graphs on needs a cuda device, not {decoder.device}")
     if not emulate and (not on_cuda or choice == "off"):
         metrics.GRAPH_PATH.labels(stage="decoder").set(0)
         return SessionBatcher(decoder, use_cuda_graphs=False, **buckets), GraphPathOutcome(

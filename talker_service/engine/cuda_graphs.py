@@ -29,6 +29,7 @@ import logging
 import torch
 
 from tts_common.cuda_graphs import CapturedStep, CaptureMode, CaptureReport, StepCapture
+from tts_common.self_check import check_graph_device
 
 from ..model.decode_attention import InPlaceAttention, InPlaceKernel, default_kernel
 from ..model.sampling import split_step_noise
@@ -44,10 +45,9 @@ def graph_mode(config: EngineConfig, device: torch.device) -> CaptureMode | None
     """How the runner steps: real CUDA graphs, their emulation, or None (eager)."""
     if config.emulate_cuda_graphs:
         return "emulated"
+    check_graph_device(config.cuda_graphs, device)
     if device.type == "cuda" and config.cuda_graphs != "off":
         return "cuda"
-    if config.cuda_graphs == "on":
-        raise ValueError(f"--cuda-graphs on needs a cuda device, not {device}")
     return None
 
 

@@ -1,4 +1,4 @@
-"""Per-row logits processing and token choice with tensor parameters (no host syncs).
+"""Per-row logits processing and token choice with tensor parameters (no host syncs off the CPU).
 
 Talker order (HF 4.57.3 as used by the official code, ARCHITECTURE.md §7):
 repetition penalty over the row's previously generated code0 ids -> min_new_tokens (EOS = -inf
@@ -99,16 +99,36 @@ def apply_talker_penalties(
 
 
 def warp_for_sampling(
-    logits: torch.Tensor, temperature: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor
+    logits: torch.Tensor,
+    temperature: torch.Tensor,
+    top_k: torch.Tensor,
+    top_p: torch.Tensor,
+    static_shapes: bool | None = None,
 ) -> torch.Tensor:
-    """Temperature -> top-k (0 = off) -> top-p (1.0 = off), per row; static shapes."""
+    """Temperature -> top-k (0 = off) -> top-p (1.0 = off), per row.
+
+    ``static_shapes`` (default: on any device but the CPU) keeps every shape independent of the
+    parameters' values and reads none of them on the host (CUDA graphs, no syncs): the k-th
+    largest score from a full sort, and the top-p pass always run. Otherwise (CPU) the k-th
+    largest comes from ``topk`` of the batch's largest k and the top-p pass is skipped when no
+    row uses it: the same values (``topk`` returns them sorted as the sort does, and a skipped
+    pass would drop nothing), at a fraction of the cost (a sampling step of the 0.6B code
+    predictor: ~250 vs ~30 us a row, 15 per frame).
+    """
     vocab = logits.shape[-1]
+    if static_shapes is None:
+        static_shapes = logits.device.type != "cpu"
     scores = logits / temperature[:, None].to(logits.dtype)
     # top-k: keep scores >= the k-th largest (HF keeps ties with the k-th value).
     k = torch.where(top_k > 0, top_k.clamp(max=vocab), torch.full_like(top_k, vocab))
-    desc = torch.sort(scores, dim=-1, descending=True).values
+    if static_shapes:
+        desc = torch.sort(scores, dim=-1, descending=True).values
+    else:
+        desc = torch.topk(scores, int(k.max()), dim=-1).values
     kth = desc.gather(-1, (k - 1)[:, None])
     scores = scores.masked_fill(scores < kth, NEG_INF)
+    if not static_shapes and not bool((top_p < 1.0).any()):
+        return scores
     # top-p: drop the low tail whose cumulative probability is <= 1 - top_p (keep >= 1 token).
     asc, asc_idx = torch.sort(scores, dim=-1, descending=False)
     cum = asc.softmax(dim=-1).cumsum(dim=-1)
