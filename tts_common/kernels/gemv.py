@@ -49,8 +49,9 @@ CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 LIBRARY_SOURCE = SOURCE + STACK_SOURCE
 """What the library compiles: the GEMV and, calling it, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw"})
-"""CPU flags the kernel needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits)."""
+REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
+"""CPU flags the library needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused stack's
+masked 16-bit loads and stores of a bf16 cache on 256 bits: every CPU with AVX512BW has VL)."""
 
 
 def _compiler() -> str | None:
