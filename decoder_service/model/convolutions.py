@@ -2,6 +2,13 @@
 
 All stride-1 convs pad on the left only and transposed convs trim on the right only, so none needs
 look-ahead (why: ``decoder`` module docstring); streaming protocol: ``primitives``.
+
+Layout: activations keep their logical shape [B, C, T] but are laid out time-major (channels last,
+strides ``(T * C, 1, C)``). oneDNN's channels-last convolutions are faster than its channels-first
+ones at these shapes on CPU (the 1x1 and k7 convs of the high-rate stages the most), the transposed
+convs' matmuls read and write that layout directly, and element-wise ops (SnakeBeta, residual sums)
+keep the layout of their input, so no layout conversion happens between layers. Only the summation
+order inside the convolutions changes (float rounding).
 """
 
 from __future__ import annotations
@@ -12,13 +19,39 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
+
 from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
+
+
+def _onednn_conv_available() -> bool:
+    """Whether this torch build has oneDNN and its pre-packed convolution operators."""
+    ops = torch.ops.mkldnn
+    return (
+        torch.backends.mkldnn.is_available()
+        and hasattr(ops, "_reorder_convolution_weight")
+        and hasattr(ops, "_convolution_pointwise")
+    )
+
+
+PACKED_CONV_DTYPES = (torch.float32,)
+"""Dtypes whose CPU convolutions use a pre-packed oneDNN weight (see ``CausalConv1d``). Not
+bfloat16: with torch 2.13 its pre-packed 768-channel k7 conv took ~330 ms per call whatever the
+length (a per-call fallback), 10x ``F.conv2d``."""
 
 
 class CausalConv1d(Stateful):
     """Stride-1 causal Conv1d: left zero pad ``(k-1)*dilation`` (no right pad is needed at stride 1).
 
     Streaming state: the last ``(k-1)*dilation`` inputs (zeros at the start == the zero padding).
+
+    On CPU (float32; inference, i.e. autograd off) the convolution runs oneDNN's kernel
+    with the weight reordered once into oneDNN's blocked layout and kept beside the parameter
+    (a second copy of the weight, recomputed when the parameter changes): ``F.conv2d`` reorders
+    the whole weight on every call, which dominates the large low-rate convs on short streaming
+    chunks (the 1024 -> 1536 k7 conv on a 2-frame chunk: ~7 ms instead of ~35 ms, 2 threads).
+    Same kernels, same results up to float rounding (the summation order may depend on the input
+    length, as it does with ``F.conv2d``).
     """
 
     def __init__(
@@ -27,22 +60,103 @@ class CausalConv1d(Stateful):
         super().__init__()
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.history = (kernel_size - 1) * dilation
+        self._packed = DerivedCache()
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         if self.history == 0:
             return {}
         return {self.state_key: ((self.conv.in_channels, self.history), None)}
 
-    def forward(self, x: Tensor) -> Tensor:
-        return self.conv(F.pad(x, (self.history, 0)))
+    def _conv(self, x: Tensor, residual: Tensor | None = None) -> Tensor:
+        """``self.conv`` (no padding) over ``x`` [B, C, T] (plus ``residual``, same shape as the
+        output), computed channels-last (module docstring); the result is time-major too."""
+        conv = self.conv
+        x4 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        dilation = [1, conv.dilation[0]]
+        if (
+            x.device.type == "cpu"
+            and x.dtype in PACKED_CONV_DTYPES
+            and x.dtype == conv.weight.dtype
+            and not torch.is_grad_enabled()
+            and _onednn_conv_available()
+        ):
+            packed = self._packed.get((conv.weight,), self._pack_weight)
+            if residual is not None:  # the sum as the kernel's post-op: same bits, one pass less
+                other = residual.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+                return torch.ops.mkldnn._convolution_pointwise.binary(
+                    x4,
+                    other,
+                    packed,
+                    conv.bias,
+                    [0, 0],
+                    [1, 1],
+                    dilation,
+                    conv.groups,
+                    "add",
+                    None,
+                    None,
+                    [],
+                    None,
+                ).squeeze(2)
+            y = torch.ops.mkldnn._convolution_pointwise(
+                x4, packed, conv.bias, [0, 0], [1, 1], dilation, conv.groups, "none", [], ""
+            )
+        else:
+            y = F.conv2d(x4, conv.weight.unsqueeze(2), conv.bias, dilation=dilation, groups=conv.groups)
+        y = y.squeeze(2)
+        return y if residual is None else y + residual
 
-    def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
+    def _pack_weight(self) -> Tensor:
+        """The weight in oneDNN's blocked layout for channels-last inputs (opaque tensor)."""
+        conv = self.conv
+        weight = conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+        return torch.ops.mkldnn._reorder_convolution_weight(
+            weight, [0, 0], [1, 1], [1, conv.dilation[0]], conv.groups
+        )
+
+    def forward_plus(self, x: Tensor, residual: Tensor) -> Tensor:
+        """``self(x) + residual`` for a conv without history (kernel 1, nothing to stream); on CPU
+        in float32 the sum is fused into the convolution (a residual sum without its own pass, the
+        same bits)."""
+        if self.history:
+            raise ValueError("forward_plus needs a kernel-1 conv")
+        return self._conv(x, residual)
+
+    def _with_history(self, history: Tensor | None, x: Tensor, act: SnakeBeta | None) -> Tensor:
+        """``history ‖ act(x)`` ([B, C, history + T], zeros for ``None``), time-major.
+
+        ``act`` writes its result straight into the buffer: concatenating afterwards would cost
+        one more pass over a high-rate activation.
+        """
+        b, c, t = x.shape
+        full = x.new_empty((b, self.history + t, c)).transpose(1, 2)
+        if history is None:
+            full[..., : self.history].zero_()
+        else:
+            full[..., : self.history] = history
+        if act is None:
+            full[..., self.history :] = x
+        else:
+            act(x, out=full[..., self.history :])
+        return full
+
+    def forward(self, x: Tensor, act: SnakeBeta | None = None) -> Tensor:
+        """The conv over ``x`` (``act(x)`` if given) with the causal zero padding."""
         if self.history == 0:
-            return self.conv(x)
-        full = torch.cat([state[self.state_key], x], dim=-1)
-        # row b's valid inputs end at history + lengths[b]: keep the `history` before that end.
-        new_state[self.state_key] = gather_time(full, lengths, self.history)
-        return self.conv(full)
+            return self._conv(x if act is None else act(x))
+        return self._conv(self._with_history(None, x, act))
+
+    def step(
+        self, x: Tensor, lengths: Tensor | None, state: State, new_state: State, act: SnakeBeta | None = None
+    ) -> Tensor:
+        """One streaming step over ``x`` (``act(x)`` if given; the state holds ``act``'s outputs)."""
+        if self.history == 0:
+            return self._conv(x if act is None else act(x))
+        full = self._with_history(state[self.state_key], x, act)
+        # row b's valid inputs end at history + lengths[b]: keep the `history` before that end
+        # (a copy: a view would keep this whole chunk's input alive until the next step)
+        new_state[self.state_key] = gather_time(full, lengths, self.history).clone()
+        return self._conv(full)
 
 
 class CausalConvTranspose1d(Stateful):
@@ -50,7 +164,9 @@ class CausalConvTranspose1d(Stateful):
 
     Computed as one matmul (every input frame times the [in, out*k] weight) followed by an
     overlap-add: PyTorch's CPU transposed convolution falls back to a slow path for short inputs
-    (streaming chunks), and one formulation for both paths keeps their numerics alike.
+    (streaming chunks), and one formulation for both paths keeps their numerics alike. Input and
+    output are time-major (module docstring): the matmul reads the input rows as they lie and the
+    overlap-add writes the output in place.
 
     Streaming state: the pending overlap — the ``k - s`` output samples past the current end that
     the inputs seen so far already contribute to (without bias); the next step adds them to its
@@ -64,6 +180,32 @@ class CausalConvTranspose1d(Stateful):
         self.kernel_size = kernel_size
         self.overlap = kernel_size - stride
         self.segments = math.ceil(kernel_size / stride)
+        self._packed = DerivedCache()
+
+    def _frames_times_weight(self, rows: Tensor) -> Tensor:
+        """``rows`` [B, n, in] times the weight as [in, out * k] -> [B, n, out * k].
+
+        On CPU in float32 (autograd off) through oneDNN with the weight packed once and kept
+        beside the parameter (``tts_common.onednn_linear``): ``matmul`` repacks the whole weight
+        on every call, which dominates on short streaming chunks (the 1536 -> 768 x 16 upsampler
+        weight is 75 MB). Same products and sums, rounding-level differences.
+        """
+        weight = self.conv.weight
+        c_in, cols = weight.shape[0], weight.shape[1] * weight.shape[2]
+        if (
+            rows.device.type == "cpu"
+            and rows.dtype == weight.dtype == torch.float32
+            and not torch.is_grad_enabled()
+            and onednn_linear_available()
+        ):
+            packed = self._packed.get(
+                (weight,),
+                lambda: torch.ops.mkldnn._reorder_linear_weight(
+                    weight.reshape(c_in, cols).t().contiguous(), ROW_HINT
+                ),
+            )
+            return packed_linear(rows, packed, None, c_in, cols)
+        return torch.matmul(rows, weight.reshape(c_in, cols))
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         if self.overlap == 0:
@@ -71,21 +213,23 @@ class CausalConvTranspose1d(Stateful):
         return {self.state_key: ((self.conv.out_channels, self.overlap), None)}
 
     def _full(self, x: Tensor) -> Tensor:
-        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]."""
+        """Untrimmed transposed conv without bias: [B, in, n] -> [B, out, (n + segments - 1) * s]
+        (time-major, a fresh tensor)."""
         b, c_in, n = x.shape
         s, p, c_out = self.stride, self.segments, self.conv.out_channels
         # a[b, m, o, j]: contribution of input frame m to output sample m*s + j
-        a = torch.matmul(x.transpose(1, 2), self.conv.weight.reshape(c_in, c_out * self.kernel_size))
+        a = self._frames_times_weight(x.transpose(1, 2))
         a = a.view(b, n, c_out, self.kernel_size)
         if p * s != self.kernel_size:
             a = F.pad(a, (0, p * s - self.kernel_size))
-        a = a.view(b, n, c_out, p, s).permute(0, 2, 3, 1, 4)  # [B, out, p, n, s]
-        if p == 1:
-            return a[:, :, 0].reshape(b, c_out, n * s)
-        y = a.new_zeros((b, c_out, n + p - 1, s))
-        for i in range(p):
-            y[:, :, i : i + n] += a[:, :, i]
-        return y.view(b, c_out, (n + p - 1) * s)
+        a = a.view(b, n, c_out, p, s).permute(0, 3, 1, 4, 2)  # [B, p, n, s, out]
+        # y[b, f, j, o]: output sample f*s + j, time-major; segment i of frame m lands in f = m + i
+        y = a.new_empty((b, n + p - 1, s, c_out))
+        y[:, :n] = a[:, 0]
+        y[:, n:].zero_()
+        for i in range(1, p):
+            y[:, i : i + n] += a[:, i]
+        return y.view(b, (n + p - 1) * s, c_out).transpose(1, 2)
 
     def _bias(self, y: Tensor) -> Tensor:
         return y if self.conv.bias is None else y + self.conv.bias[:, None]
@@ -100,10 +244,11 @@ class CausalConvTranspose1d(Stateful):
         if lengths is not None:
             # padded inputs must not leak into the pending overlap of their row
             x = zero_padding(x, lengths)
-        y = self._full(x)
-        y = torch.cat([y[..., : self.overlap] + state[self.state_key], y[..., self.overlap :]], dim=-1)
+        y = self._full(x)  # a fresh tensor: the pending overlap is added in place
+        y[..., : self.overlap] += state[self.state_key]
+        # (a copy: a view would keep this whole step's output alive until the next step)
         if lengths is None:
-            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap]
+            new_state[self.state_key] = y[..., n * self.stride : n * self.stride + self.overlap].clone()
         else:
             new_state[self.state_key] = gather_time(y, lengths * self.stride, self.overlap)
         return self._bias(y[..., : n * self.stride])
@@ -127,18 +272,23 @@ class SnakeBeta(nn.Module):
         alpha, beta = self.alpha.float(), self.beta.float()
         return torch.stack([torch.exp(alpha), 1.0 / (torch.exp(beta) + 1e-9)])[:, None, :, None]
 
-    def forward(self, x: Tensor) -> Tensor:
+    def forward(self, x: Tensor, out: Tensor | None = None) -> Tensor:
+        """The activation of ``x``; written into ``out`` (same shape and dtype) when given."""
         if x.dtype != torch.float32:
-            return self._forward_f32(x.float()).to(x.dtype)
-        return self._forward_f32(x)
+            y = self._forward_f32(x.float()).to(x.dtype)
+            return y if out is None else out.copy_(y)
+        return self._forward_f32(x, out)
 
-    def _forward_f32(self, x: Tensor) -> Tensor:
+    def _forward_f32(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         # tiny per-channel ops cost a thread-pool round trip each: computed once per weight load
         alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
         if torch.is_grad_enabled():
-            return x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
-        # same values (products and sums commute exactly), two fewer full-size temporaries
-        return torch.sin(x * alpha).pow_(2).mul_(inv_beta).add_(x)
+            y = x + inv_beta * torch.pow(torch.sin(x * alpha), 2)
+            return y if out is None else out.copy_(y)
+        # same values (products and sums commute exactly), one full-size temporary updated in
+        # place (addcmul would save a pass but rounds differently: it fuses the multiply-add)
+        t = (x * alpha).sin_().pow_(2).mul_(inv_beta)
+        return t.add_(x) if out is None else torch.add(t, x, out=out)
 
 
 class ResidualUnit(nn.Module):
@@ -152,11 +302,11 @@ class ResidualUnit(nn.Module):
         self.conv2 = CausalConv1d(dim, dim, 1)
 
     def forward(self, x: Tensor) -> Tensor:
-        return self.conv2(self.act2(self.conv1(self.act1(x)))) + x
+        return self.conv2.forward_plus(self.act2(self.conv1(x, act=self.act1)), x)
 
     def step(self, x: Tensor, lengths: Tensor | None, state: State, new_state: State) -> Tensor:
-        h = self.conv1.step(self.act1(x), lengths, state, new_state)
-        return self.conv2(self.act2(h)) + x
+        h = self.conv1.step(x, lengths, state, new_state, act=self.act1)
+        return self.conv2.forward_plus(self.act2(h), x)
 
 
 class DecoderBlock(nn.Module):

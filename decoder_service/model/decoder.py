@@ -228,7 +228,7 @@ class CodecDecoder(nn.Module):
         h = first.step(h, lengths, state, new_state)
         for block in blocks:
             h, lengths = block.step(h, lengths, state, new_state)
-        h = last.step(act(h), lengths, state, new_state)
+        h = last.step(h, lengths, state, new_state, act=act)
         return h[:, 0].clamp(min=-1, max=1)
 
     def step(

@@ -6,10 +6,14 @@ among them changes only the summation order (last bits), never the model:
 
 * ``float32``: ``torch-fp32`` (``F.linear``: MKL) and ``onednn-fp32`` (pre-packed oneDNN);
 * ``bfloat16``: ``torch-bf16``, ``onednn-bf16``, ``gemv-bf16`` (ours, :mod:`.gemv`: float32
-  FMAs), ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product) and ``gemvrow-bf16dp`` (the
-  same instruction on the weight as given, row-wise: another summation order);
+  FMAs), ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product), ``gemvrow-bf16dp`` (the
+  same instruction on the weight as given, row-wise: another summation order) and
+  ``gemv-bf16amx`` (the dot product's packed weight on AMX-BF16 tiles: exact bf16 products,
+  float32 sums, another order; 8 rows cost about what one does);
 * ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
-  int8``): ``torch-int8`` (``torch._weight_int8pack_mm``) and ``gemv-int8`` (ours).
+  int8``): ``torch-int8`` (``torch._weight_int8pack_mm``), ``gemv-int8`` (ours) and
+  ``gemv-int8amx`` (ours on AMX-BF16 tiles, the activations split exactly into three bf16:
+  the same exact products, float32 sums in another order).
 
 A kept kernel must be batch-invariant: a row's result never depends on the other rows of its
 batch (library kernels that take a separate path for a lone row run it as two rows, as
@@ -30,12 +34,20 @@ from torch import nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .gemv import GROUP, LIBRARY_SOURCE, bf16_dot_available, gemv, gemv_available, pack_weight
+from .gemv import (
+    GROUP,
+    LIBRARY_SOURCE,
+    amx_bf16_available,
+    bf16_dot_available,
+    gemv,
+    gemv_available,
+    pack_weight,
+)
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
-    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp"),
-    "int8": ("torch-int8", "gemv-int8"),
+    "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp", "gemv-bf16amx"),
+    "int8": ("torch-int8", "gemv-int8", "gemv-int8amx"),
 }
 """Candidate kernels of each family, the library default first."""
 NOT_BATCH_INVARIANT = frozenset({"torch-fp32"})
@@ -131,7 +143,8 @@ class GemvLinear(KernelLinear):
     """Our AVX-512 kernel (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights, packed
     once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
     dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
-    as torch's bf16 GEMM does (the dot-product kernels take them as they are)."""
+    as torch's bf16 GEMM does (the dot-product kernels take them as they are; ``amx``: on
+    AMX-BF16 tiles)."""
 
     def __init__(
         self,
@@ -140,17 +153,26 @@ class GemvLinear(KernelLinear):
         quantized: tuple[torch.Tensor, torch.Tensor] | None = None,
         bf16_dot: bool = False,
         rows_layout: bool = False,
+        amx: bool = False,
     ) -> None:
         super().__init__(linear)
-        self.bf16_dot, self.rows_layout = bf16_dot, rows_layout
+        self.bf16_dot, self.rows_layout, self.amx = bf16_dot, rows_layout, amx
         if weight_dtype == torch.int8:
-            self.kernel, self.input_dtype = "gemv-int8", torch.float32
+            self.kernel, self.input_dtype = "gemv-int8amx" if amx else "gemv-int8", torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
         else:
-            self.kernel = "gemv-bf16" if not bf16_dot else "gemvrow-bf16dp" if rows_layout else "gemv-bf16dp"
+            self.kernel = (
+                "gemv-bf16"
+                if not bf16_dot
+                else "gemvrow-bf16dp"
+                if rows_layout
+                else "gemv-bf16amx"
+                if amx
+                else "gemv-bf16dp"
+            )
             self.input_dtype = torch.bfloat16
             q, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
-        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot)
+        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot or amx)
         self.register_buffer("weight", q if rows_layout else self._packed.data)
         self.register_buffer("scale", scale)
         bias = linear.bias
@@ -166,7 +188,12 @@ class GemvLinear(KernelLinear):
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self._packed is None else self._packed
         y = gemv(
-            x if self.bf16_dot else x.float(), weight, self.scale, self.bias, rows_layout=self.rows_layout
+            x if self.bf16_dot else x.float(),
+            weight,
+            self.scale,
+            self.bias,
+            rows_layout=self.rows_layout,
+            amx=self.amx,
         )
         return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
 
@@ -200,7 +227,7 @@ def fuse_outputs(layers: Sequence[nn.Module | None]) -> GemvLinear | None:
     KernelLinear.__init__(fused, nn.Linear(first.in_features, 1, device="meta"))
     fused.out_features = sum(layer.out_features for layer in parts)
     fused.kernel, fused.input_dtype = first.kernel, first.input_dtype
-    fused.bf16_dot, fused.rows_layout = first.bf16_dot, False
+    fused.bf16_dot, fused.rows_layout, fused.amx = first.bf16_dot, False, first.amx
     weight = cat("weight")
     assert weight is not None
     fused._packed = dataclasses.replace(first._packed, data=weight, out_features=fused.out_features)
@@ -242,6 +269,8 @@ def candidate_available(name: str) -> bool:
         return onednn_linear_available()
     if name in ("gemv-bf16dp", "gemvrow-bf16dp"):
         return bf16_dot_available()
+    if name in ("gemv-bf16amx", "gemv-int8amx"):
+        return amx_bf16_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":
@@ -268,12 +297,16 @@ def make_candidate(
         return TorchInt8Linear(linear, quantized)
     if name == "gemv-int8":
         return GemvLinear(linear, torch.int8, quantized)
+    if name == "gemv-int8amx":
+        return GemvLinear(linear, torch.int8, quantized, amx=True)
     if name == "gemv-bf16":
         return GemvLinear(linear, torch.bfloat16)
     if name == "gemv-bf16dp":
         return GemvLinear(linear, torch.bfloat16, bf16_dot=True)
     if name == "gemvrow-bf16dp":
         return GemvLinear(linear, torch.bfloat16, bf16_dot=True, rows_layout=True)
+    if name == "gemv-bf16amx":
+        return GemvLinear(linear, torch.bfloat16, bf16_dot=True, amx=True)
     raise ValueError(f"unknown kernel {name!r} (choose from {', '.join(CANDIDATES)})")
 
 

@@ -87,11 +87,11 @@ def _library() -> ctypes.CDLL | None:
             os.replace(out, target)  # atomic: a concurrent build sees the whole file or none
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows"):
+    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx", "gemv_i8amx"):
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
-            fn.restype = None
+            fn.restype = ctypes.c_int if name == "gemv_i8amx" else None  # -1: out of memory
     lib.stack_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.stack_workspace.restype = ctypes.c_long
     lib.stack_forward.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
@@ -110,6 +110,18 @@ def bf16_dot_available() -> bool:
 def library() -> ctypes.CDLL | None:
     """The compiled library (GEMV and fused stack), or None where it cannot be built here."""
     return _library()
+
+
+AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
+"""CPU flags of the AMX-BF16 kernel (``gemv_bf16amx``)."""
+
+
+def amx_bf16_available() -> bool:
+    """Whether the kernel has the AMX-BF16 tile kernels (:func:`gemv` with ``amx``): built with
+    them (AMX-BF16 and AVX512-BF16), on a CPU that has them, and the OS granted this process the
+    tile state (Linux >= 5.16; asked once, at the first call)."""
+    lib = _library()
+    return lib is not None and AMX_FLAGS | {"avx512_bf16"} <= cpu_flags() and bool(lib.has_amx_bf16())
 
 
 def gemv_available() -> bool:
@@ -163,6 +175,7 @@ def gemv(
     bias: torch.Tensor | None = None,
     *,
     rows_layout: bool = False,
+    amx: bool = False,
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
@@ -171,7 +184,10 @@ def gemv(
     None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights uses the bf16
     dot-product instruction (:func:`bf16_dot_available`): exact products of the same bf16
     values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight instead (the
-    row-wise kernel, another summation order).
+    row-wise kernel, another summation order). ``amx`` runs bf16 or int8 weights on AMX-BF16
+    tiles (:func:`amx_bf16_available`; weights packed with ``pairs``; another summation order):
+    with float32 ``x`` each activation is split into three bf16 (exact), so the int8 products
+    stay exact and are summed in float32 as without ``amx``.
     """
     lib = _library()
     if lib is None:
@@ -180,32 +196,38 @@ def gemv(
     bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
     if isinstance(weight, PackedWeight):
         n, fan_in = weight.out_features, weight.in_features
-        if rows_layout or weight.pairs != bf16_dot:
+        if rows_layout or weight.pairs != (bf16_dot or amx):
             raise ValueError("this packed weight does not fit the activations' dtype or layout")
     else:
         n, fan_in = weight.shape
     if fan_in != k or not (x.dtype == torch.float32 or bf16_dot):
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight [{n}, {fan_in}] {weight.dtype}")
     if isinstance(weight, torch.Tensor) and not rows_layout:
-        weight = pack_weight(weight, pairs=bf16_dot)
+        weight = pack_weight(weight, pairs=bf16_dot or amx)
     data = weight.data if isinstance(weight, PackedWeight) else weight.contiguous()
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=torch.float32)
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
-        fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16dp
+        if amx and (rows_layout or not amx_bf16_available()):
+            raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles for this layout on this machine")
+        fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16amx if amx else lib.gemv_bf16dp
+    elif amx and weight.dtype != torch.int8:
+        raise ValueError("the AMX kernels take int8 weights or bfloat16 activations and weights")
     elif rows_layout:
         raise ValueError("the row-wise layout is the bf16 dot product's only")
     elif weight.dtype == torch.int8:
         if scale is None:
             raise ValueError("int8 weights need their per-channel scales")
-        fn = lib.gemv_i8
+        if amx and not amx_bf16_available():
+            raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles on this machine")
+        fn = lib.gemv_i8amx if amx else lib.gemv_i8
     elif weight.dtype == torch.bfloat16:
         fn = lib.gemv_bf16
     else:
         raise ValueError(f"unsupported weight dtype {weight.dtype}")
-    fn(
+    status = fn(
         x.data_ptr(),
         data.data_ptr(),
         _ptr(scale),
@@ -216,6 +238,8 @@ def gemv(
         n,
         torch.get_num_threads(),
     )
+    if status:  # only gemv_i8amx returns one
+        raise MemoryError("the GEMV kernel could not allocate its split activations")
     return y
 
 
@@ -234,6 +258,7 @@ def gemv_reference(
 __all__ = [
     "LIBRARY_SOURCE",
     "PackedWeight",
+    "amx_bf16_available",
     "bf16_dot_available",
     "gemv",
     "gemv_available",

@@ -25,11 +25,18 @@ from tts_common.kernels.candidates import (
     make_candidate,
     quantize_int8,
 )
-from tts_common.kernels.gemv import bf16_dot_available, gemv, gemv_available, gemv_reference, pack_weight
+from tts_common.kernels.gemv import (
+    amx_bf16_available,
+    bf16_dot_available,
+    gemv,
+    gemv_available,
+    gemv_reference,
+    pack_weight,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "int8": 2e-2}
+TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "bf16amx": 2e-2, "int8": 2e-2, "int8amx": 2e-2}
 """Relative tolerance against float32 nn.Linear, by the kernel's precision."""
 
 
@@ -44,27 +51,45 @@ def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
     return nn.Linear(fan_in, fan_out, bias=bias)
 
 
-GEMV_KINDS = ["int8", "bf16", *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else [])]
+GEMV_KINDS = [
+    "int8",
+    "bf16",
+    *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else []),
+    *(["bf16amx", "int8amx"] if amx_bf16_available() else []),
+]
 """Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
-row-wise."""
+row-wise, and on AMX-BF16 tiles (bf16, and int8 with float32 activations). Each is tested only where the CPU has its instructions (and,
+for AMX, the OS grants the tile state): elsewhere it cannot run and the engine never offers it."""
 
 
 def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int):  # type: ignore[no-untyped-def]
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
-    weight, scale = quantize_int8(w) if kind == "int8" else (w.bfloat16(), None)
-    if kind.startswith("bf16dp"):
+    weight, scale = quantize_int8(w) if kind.startswith("int8") else (w.bfloat16(), None)
+    if kind.startswith("bf16dp") or kind == "bf16amx":
         x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
     return x, weight, scale, b
+
+
+def _packed(kind: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
+    return (
+        weight
+        if kind == "bf16dp-rows"
+        else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx", "int8amx"))
+    )
+
+
+def _run(kind: str, x: torch.Tensor, packed, scale, b) -> torch.Tensor:  # type: ignore[no-untyped-def]
+    return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", amx=kind.endswith("amx"))
 
 
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
 @settings(max_examples=60, deadline=None)
 @given(
     kind=st.sampled_from(GEMV_KINDS),
-    rows=st.integers(1, 11),
+    rows=st.integers(1, 17),
     fan_in=st.integers(1, 700),
     fan_out=st.integers(1, 70),
     bias=st.booleans(),
@@ -74,19 +99,19 @@ def test_gemv_equals_its_torch_reference_and_a_row_alone(
     kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int
 ) -> None:
     x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, bias, seed)
-    rows_layout = kind == "bf16dp-rows"
-    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
-    got = gemv(x, packed, scale, b, rows_layout=rows_layout)
+    packed = _packed(kind, weight)
+    got = _run(kind, x, packed, scale, b)
     want = gemv_reference(x, weight, scale, b)
-    # float32 sums of the same exact products in another order: error ~ eps * sum |x w|.
+    # float32 sums of the same exact products in another order: error ~ eps * sum |x w| (rows of
+    # 1..17 cover one and more passes of 8 rows and of AMX's 16-row tiles).
     bound = (
         1e-5 * (x.float().abs() @ (weight.float().abs() * (1 if scale is None else scale[:, None])).T) + 1e-6
     )
     assert (got - want).abs().le(bound).all()
     # Batch invariance: each row, alone or in any leading slice, has the same bits.
     for r in range(rows):
-        assert torch.equal(gemv(x[r : r + 1], packed, scale, b, rows_layout=rows_layout), got[r : r + 1]), r
-        assert torch.equal(gemv(x[: r + 1], packed, scale, b, rows_layout=rows_layout), got[: r + 1]), r
+        assert torch.equal(_run(kind, x[r : r + 1], packed, scale, b), got[r : r + 1]), r
+        assert torch.equal(_run(kind, x[: r + 1], packed, scale, b), got[: r + 1]), r
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -252,7 +277,11 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
     assert len(built[0]) == 1 and len(built[1]) == 2
 
 
-FUSABLE_KERNELS = [k for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp") if candidate_available(k)]
+FUSABLE_KERNELS = [
+    k
+    for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx", "gemv-int8amx")
+    if candidate_available(k)
+]
 
 
 @pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler or no AVX-512 on this machine")
@@ -310,7 +339,7 @@ def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) ->
 @settings(max_examples=12, deadline=None)
 @given(
     kind=st.sampled_from(GEMV_KINDS),
-    rows=st.integers(1, 9),
+    rows=st.integers(1, 17),
     fan_in=st.integers(1, 400),
     fan_out=st.integers(1, 300),
     threads=st.integers(2, 4),
@@ -322,9 +351,8 @@ def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
     # The calling thread and our workers split the outputs (no join barrier): a split, whoever
     # computes a chunk, and calls from several Python threads at once never change a bit.
     x, weight, scale, b = _gemv_case(kind, rows, fan_in, fan_out, True, seed)
-    rows_layout = kind == "bf16dp-rows"
-    packed = weight if rows_layout else pack_weight(weight, pairs=x.dtype == torch.bfloat16)
-    alone = gemv(x, packed, scale, b, rows_layout=rows_layout)  # one torch thread (the fixture)
+    packed = _packed(kind, weight)
+    alone = _run(kind, x, packed, scale, b)  # one torch thread (the fixture)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -332,14 +360,14 @@ def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
 
         def call() -> None:
             for _ in range(20):
-                results.append(gemv(x, packed, scale, b, rows_layout=rows_layout))
+                results.append(_run(kind, x, packed, scale, b))
 
         callers = [threading.Thread(target=call) for _ in range(3)]
         for t in callers:
             t.start()
         for t in callers:
             t.join()
-        assert torch.equal(gemv(x[:1], packed, scale, b, rows_layout=rows_layout), alone[:1])
+        assert torch.equal(_run(kind, x[:1], packed, scale, b), alone[:1])
     finally:
         torch.set_num_threads(before)
     assert len(results) == 60 and all(torch.equal(r, alone) for r in results)
