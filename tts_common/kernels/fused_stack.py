@@ -1,6 +1,7 @@
 """One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
-where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8``
-(``--quantization int8``), ``gemv-bf16`` or ``gemv-bf16dp`` (bfloat16).
+where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8`` or
+``gemv-int8amx`` (``--quantization int8``), ``gemv-bf16``, ``gemv-bf16dp`` or ``gemv-bf16amx``
+(bfloat16).
 
 Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
 times; with the linears at their memory-bandwidth floor, the ~7000 small torch ops, Python and
@@ -28,7 +29,7 @@ probabilities are rounded to bf16 before they weight the values (what torch's CP
 does for reduced precision; its exact blocking is not reproduced). float32: last-bit differences
 per operation (the tests bound them at relative 1e-5); bfloat16: a value near a rounding
 boundary can land one bf16 step (2^-8 relative) apart, and that propagates (the tests bound it
-loosely, as the bf16 kernels' own tests do). The cos/sin rows are the caller's (the torch path's
+loosely). The cos/sin rows are the caller's (the torch path's
 own tables), and a token's bits never depend on the other rows of its call (each is computed
 from its own row alone).
 """
@@ -70,9 +71,9 @@ _ERRORS = {
     1: "a position lies outside the cache",
     2: "a slot lies outside the cache",
     3: "the head dimension is over 1024, or the heads are not a multiple of the kv heads (at most 64 each)",
-    4: "the bf16 dot-product kernel is not in this build",
+    4: "the bf16 dot-product or AMX kernel is not in this build",
 }
-KINDS = {"gemv-int8": 0, "gemv-bf16": 1, "gemv-bf16dp": 2}
+KINDS = {"gemv-int8": 0, "gemv-bf16": 1, "gemv-bf16dp": 2, "gemv-int8amx": 3, "gemv-bf16amx": 4}
 """The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
 
 
@@ -200,6 +201,8 @@ class FusedStack:
             work.data_ptr(),
             torch.get_num_threads(),
         )
+        if rc == 5:
+            raise MemoryError("fused stack: the int8 AMX kernel could not allocate its split activations")
         if rc:
             raise ValueError(f"fused stack: {_ERRORS.get(rc, f'error {rc}')}")
         return out.to(dtype)  # exact: bf16 activations are rounded in C
@@ -249,7 +252,7 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     if not isinstance(down_proj, GemvLinear):
         return None
     inter, kernel = down_proj.in_features, down_proj.kernel
-    if kernel not in KINDS or (kernel != "gemv-int8" and dtype != torch.bfloat16):
+    if kernel not in KINDS or (kernel not in ("gemv-int8", "gemv-int8amx") and dtype != torch.bfloat16):
         return None
     eps = stack.norm.eps
     tensors: list[torch.Tensor | None] = []

@@ -1,7 +1,7 @@
 """C source of the fused decoder-stack forward (see :mod:`tts_common.kernels.fused_stack`).
 
 Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
-calls ``gemv_i8``/``gemv_bf16``/``gemv_bf16dp`` directly and shares their worker pool
+calls ``gemv_i8``/``gemv_bf16``/``gemv_bf16dp`` and the AMX kernels directly and shares their worker pool
 (``share``), so a process has one library and one pool.
 
 ``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
@@ -28,12 +28,12 @@ enum {
     P_IN_NORM, P_QKV_W, P_QKV_SCALE, P_QKV_BIAS, P_Q_NORM, P_K_NORM, P_O_W, P_O_SCALE, P_O_BIAS,
     P_POST_NORM, P_GU_W, P_GU_SCALE, P_DOWN_W, P_DOWN_SCALE, P_COUNT
 };
-enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2 };
+enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
     int bf16;   /* activations and KV cache in bfloat16 (values rounded where torch stores them) */
-    int kind;   /* the GEMV of every linear: K_I8, K_BF16 or K_BF16DP */
+    int kind;   /* the GEMV of every linear: K_I8, K_BF16, K_BF16DP, K_I8AMX or K_BF16AMX */
     float eps, scaling;
     const void* const* params;   /* [layers][P_COUNT]: see the enum; scales/biases may be NULL;
                                     norm weights float32 */
@@ -216,15 +216,29 @@ static void round_rows(float* y, long n, int bf16) {
     }
 }
 
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define STACK_HAS_AMX 1
+#else
+#define STACK_HAS_AMX 0
+#endif
+
 /* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
-   room for x as bf16 (the dot-product kernel's input). Returns 0, or 4 where the kernel is not
-   in this build. */
+   room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
+   kernel is not in this build, or 5 where the int8 AMX kernel could not allocate. */
 static int linear(const stack_desc* d, const float* x, uint16_t* xb, const void* w, const void* scale,
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
+    const float* sc = (const float*)scale;
+    const float* bi = (const float*)bias;
     if (d->kind == K_I8) {
-        gemv_i8(x, (const int8_t*)w, (const float*)scale, (const float*)bias, y, R, K, N, nthreads);
+        gemv_i8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads);
     } else if (d->kind == K_BF16) {
-        gemv_bf16(x, (const uint16_t*)w, (const float*)scale, (const float*)bias, y, R, K, N, nthreads);
+        gemv_bf16(x, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+    } else if (d->kind == K_I8AMX) {
+#if STACK_HAS_AMX
+        if (gemv_i8amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
+#else
+        return 4;
+#endif
     } else {
 #ifdef __AVX512BF16__
         long n = (long)R * K;
@@ -233,7 +247,15 @@ static int linear(const stack_desc* d, const float* x, uint16_t* xb, const void*
             __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), 16);
             _mm256_mask_storeu_epi16(xb + i, m, _mm512_cvtepi32_epi16(b));
         }
-        gemv_bf16dp(xb, (const uint16_t*)w, (const float*)scale, (const float*)bias, y, R, K, N, nthreads);
+        if (d->kind == K_BF16DP) {
+            gemv_bf16dp(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+        } else {
+#if STACK_HAS_AMX
+            gemv_bf16amx(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+#else
+            return 4;
+#endif
+        }
 #else
         (void)xb;
         return 4;
@@ -280,16 +302,19 @@ long stack_workspace(const stack_desc* d, int R) {
    activations), cos/sin [R][head_dim], caches [layers][num_slots][kv][max_len][head_dim] (float32
    or bf16). Returns 0, or 1 for a position outside [0, max_len), 2 for a slot outside
    [0, num_slots), 3 for a head_dim over 1024, query heads not a multiple of the kv heads or more
-   than 64 to a kv head (all checked before anything is written), 4 for a kernel not built here. */
+   than 64 to a kv head (all checked before anything is written), 4 for a kernel not built here,
+   5 where the int8 AMX kernel could not allocate (the cache may then hold this call's first
+   layers' K/V, which the next write at these positions replaces). */
 int stack_forward(const stack_desc* d, const float* x_in, float* out, const float* cos_t, const float* sin_t,
                   const int64_t* positions, const int64_t* slots, int B, int S,
                   void* k_cache, void* v_cache, int num_slots, int max_len, float* work, int nthreads) {
     int R = B * S, H = d->hidden, hd = d->head_dim, heads = d->heads, kv = d->kv_heads, I = d->inter;
-    int bf16 = d->bf16;
+    int bf16 = d->bf16, rc;
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
 #ifndef __AVX512BF16__
     if (d->kind == K_BF16DP) return 4;
 #endif
+    if (!STACK_HAS_AMX && (d->kind == K_I8AMX || d->kind == K_BF16AMX)) return 4;
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;
     int A = heads * hd, QKV = A + 2 * kv * hd;
@@ -307,7 +332,7 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     for (int layer = 0; layer < d->layers; ++layer) {
         const void* const* p = d->params + (long)layer * P_COUNT;
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_IN_NORM], h + (long)r * H, H, d->eps, bf16);
-        linear(d, h, xb, p[P_QKV_W], p[P_QKV_SCALE], p[P_QKV_BIAS], qkv, R, H, QKV, nthreads);
+        if ((rc = linear(d, h, xb, p[P_QKV_W], p[P_QKV_SCALE], p[P_QKV_BIAS], qkv, R, H, QKV, nthreads))) return rc;
         for (int r = 0; r < R; ++r) {
             float* row = qkv + (long)r * QKV;
             const float* c = cos_t + (long)r * hd;
@@ -329,12 +354,12 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
         attn_ctx ctx = {d, layer, qkv, k_cache, v_cache, positions, slots, S, num_slots, max_len, attn};
         gemv_args a = {&ctx, NULL, NULL, NULL, NULL, 0, 0, 0};
         share(attend_range, &a, R * kv, 1, work_keys >= ATTN_MIN_WORK ? nthreads : 1);
-        linear(d, attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads);
+        if ((rc = linear(d, attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_POST_NORM], h + (long)r * H, H, d->eps, bf16);
-        linear(d, h, xb, p[P_GU_W], p[P_GU_SCALE], NULL, gu, R, H, 2 * I, nthreads);
+        if ((rc = linear(d, h, xb, p[P_GU_W], p[P_GU_SCALE], NULL, gu, R, H, 2 * I, nthreads))) return rc;
         silu_mul(gu, act, R, I, bf16);
-        linear(d, act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads);
+        if ((rc = linear(d, act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);
     }
     for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, d->final_norm, out + (long)r * H, H, d->eps, bf16);

@@ -26,7 +26,7 @@ pytestmark = [
     ),
 ]
 NAME = "tiny_custom_voice_1b7"  # a talker wider than its code predictor: the projection runs too
-TOLERANCE = {"float32": (1e-5, 2e-6), "bfloat16": (3e-2, 3e-2)}
+TOLERANCE = {"float32": (1e-5, 2e-6), "bfloat16": (4e-2, 4e-2)}
 """(rtol, atol) as the stack's own test (tests/unit/common/test_fused_stack.py): summation order
 and exp, and in bfloat16 a value near a rounding boundary one bf16 step apart."""
 
