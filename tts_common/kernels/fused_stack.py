@@ -59,7 +59,7 @@ class _StackDesc(ctypes.Structure):
         ("head_dim", ctypes.c_int),
         ("inter", ctypes.c_int),
         ("bf16", ctypes.c_int),
-        ("kind", ctypes.c_int),
+        ("kinds", ctypes.POINTER(ctypes.c_int)),
         ("eps", ctypes.c_float),
         ("scaling", ctypes.c_float),
         ("params", ctypes.POINTER(ctypes.c_void_p)),
@@ -99,7 +99,7 @@ class FusedStack:
         self,
         dims: StackDims,
         dtype: torch.dtype,
-        kernel: str,
+        kernels: list[str],
         eps: float,
         scaling: float,
         tensors: list[torch.Tensor | None],
@@ -107,11 +107,14 @@ class FusedStack:
     ) -> None:
         lib = library()
         assert lib is not None and len(tensors) == dims.layers * PARAMS_PER_LAYER
+        assert len(kernels) == dims.layers * 4  # q/k/v, o, gate/up, down per layer
         self._lib = lib
         self.dims = dims
         self.dtype = dtype
         """The activations' and the KV cache's dtype."""
-        self.kernel = kernel
+        self.kernel = "+".join(sorted(set(kernels)))
+        """The GEMV kernels of its linears (one, or several joined by ``+``)."""
+        self._kinds = (ctypes.c_int * len(kernels))(*(KINDS[k] for k in kernels))
         self._tensors = [t for t in tensors if t is not None] + [final_norm]  # kept alive
         self._params = (ctypes.c_void_p * len(tensors))(
             *(None if t is None else t.data_ptr() for t in tensors)
@@ -124,7 +127,7 @@ class FusedStack:
             dims.head_dim,
             dims.intermediate,
             int(dtype == torch.bfloat16),
-            KINDS[kernel],
+            ctypes.cast(self._kinds, ctypes.POINTER(ctypes.c_int)),
             eps,
             scaling,
             ctypes.cast(self._params, ctypes.POINTER(ctypes.c_void_p)),
@@ -233,9 +236,10 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     of ``input_layernorm``, ``self_attn`` (fused ``qkv_proj``, ``o_proj``, ``q_norm``,
     ``k_norm``), ``post_attention_layernorm``, ``mlp`` (fused ``gate_up_proj``, ``down_proj``,
     SiLU); ``norm``), or None where it cannot run it: the library missing here, a linear that
-    is not one packed GEMV kernel throughout, the bf16 kernels in a float32 model, norms of
-    another dtype than the model's or of different epsilons. The activations' dtype is the
-    norms' (the model's): float32 or bfloat16."""
+    is not one of our packed GEMV kernels (each may run another of them: the choice is per
+    shape), bf16 weights in a float32 model, norms of another dtype than the model's or of
+    different epsilons. The activations' dtype is the norms' (the model's): float32 or
+    bfloat16."""
     lib = library()
     layers = getattr(stack, "layers", None)
     if lib is None or not hasattr(lib, "stack_forward") or not layers:
@@ -251,11 +255,10 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     down_proj = getattr(layers[0].mlp, "down_proj", None)
     if not isinstance(down_proj, GemvLinear):
         return None
-    inter, kernel = down_proj.in_features, down_proj.kernel
-    if kernel not in KINDS or (kernel not in ("gemv-int8", "gemv-int8amx") and dtype != torch.bfloat16):
-        return None
+    inter = down_proj.in_features
     eps = stack.norm.eps
     tensors: list[torch.Tensor | None] = []
+    kernels: list[str] = []
     for layer in layers:
         attn, mlp = layer.self_attn, layer.mlp
         if (attn.heads, attn.kv_heads, attn.head_dim) != (heads, kv_heads, head_dim) or mlp.act is not F.silu:
@@ -273,8 +276,14 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
         weights = [_norm_weight(n, dim, dtype) for n, dim in norms]
         if qkv is None or o is None or gate_up is None or down is None or any(w is None for w in weights):
             return None
-        if any(lin.kernel != kernel for lin in (qkv, o, gate_up, down)):
+        linears = (qkv, o, gate_up, down)
+        # Each linear keeps the kernel the choice kept for its shape; the bf16-weight kernels
+        # take bf16 activations only (their family's model dtype).
+        if any(
+            lin.kernel not in ("gemv-int8", "gemv-int8amx") and dtype != torch.bfloat16 for lin in linears
+        ):
             return None
+        kernels += [lin.kernel for lin in linears]
         if any(n.eps != eps for n, _ in norms) or gate_up.bias is not None or down.bias is not None:
             return None
         in_norm, q_norm, k_norm, post_norm = weights
@@ -284,7 +293,7 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     if final is None:
         return None
     dims = StackDims(len(layers), hidden, heads, kv_heads, head_dim, inter)
-    return FusedStack(dims, dtype, kernel, eps, float(first.scaling), tensors, final)
+    return FusedStack(dims, dtype, kernels, eps, float(first.scaling), tensors, final)
 
 
 __all__ = ["KINDS", "FusedStack", "StackDims", "fuse_stack"]

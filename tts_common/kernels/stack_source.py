@@ -33,7 +33,8 @@ enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4 };
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
     int bf16;   /* activations and KV cache in bfloat16 (values rounded where torch stores them) */
-    int kind;   /* the GEMV of every linear: K_I8, K_BF16, K_BF16DP, K_I8AMX or K_BF16AMX */
+    const int* kinds;  /* [layers][4]: the GEMV of q/k/v, o, gate/up, down (K_*: each linear
+                          runs the kernel the choice kept for its shape) */
     float eps, scaling;
     const void* const* params;   /* [layers][P_COUNT]: see the enum; scales/biases may be NULL;
                                     norm weights float32 */
@@ -225,15 +226,15 @@ static void round_rows(float* y, long n, int bf16) {
 /* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
    room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
    kernel is not in this build, or 5 where the int8 AMX kernel could not allocate. */
-static int linear(const stack_desc* d, const float* x, uint16_t* xb, const void* w, const void* scale,
+static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, const void* w, const void* scale,
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
     const float* sc = (const float*)scale;
     const float* bi = (const float*)bias;
-    if (d->kind == K_I8) {
+    if (kind == K_I8) {
         gemv_i8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads);
-    } else if (d->kind == K_BF16) {
+    } else if (kind == K_BF16) {
         gemv_bf16(x, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
-    } else if (d->kind == K_I8AMX) {
+    } else if (kind == K_I8AMX) {
 #if STACK_HAS_AMX
         if (gemv_i8amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
 #else
@@ -247,7 +248,7 @@ static int linear(const stack_desc* d, const float* x, uint16_t* xb, const void*
             __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), 16);
             _mm256_mask_storeu_epi16(xb + i, m, _mm512_cvtepi32_epi16(b));
         }
-        if (d->kind == K_BF16DP) {
+        if (kind == K_BF16DP) {
             gemv_bf16dp(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
         } else {
 #if STACK_HAS_AMX
@@ -311,10 +312,14 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     int R = B * S, H = d->hidden, hd = d->head_dim, heads = d->heads, kv = d->kv_heads, I = d->inter;
     int bf16 = d->bf16, rc;
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
+    for (int i = 0; i < d->layers * 4; ++i) {
+        int kind = d->kinds[i];
+        if (kind < K_I8 || kind > K_BF16AMX) return 4;
 #ifndef __AVX512BF16__
-    if (d->kind == K_BF16DP) return 4;
+        if (kind == K_BF16DP) return 4;
 #endif
-    if (!STACK_HAS_AMX && (d->kind == K_I8AMX || d->kind == K_BF16AMX)) return 4;
+        if (!STACK_HAS_AMX && (kind == K_I8AMX || kind == K_BF16AMX)) return 4;
+    }
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;
     int A = heads * hd, QKV = A + 2 * kv * hd;
@@ -332,7 +337,8 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     for (int layer = 0; layer < d->layers; ++layer) {
         const void* const* p = d->params + (long)layer * P_COUNT;
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_IN_NORM], h + (long)r * H, H, d->eps, bf16);
-        if ((rc = linear(d, h, xb, p[P_QKV_W], p[P_QKV_SCALE], p[P_QKV_BIAS], qkv, R, H, QKV, nthreads))) return rc;
+        const int* kind = d->kinds + (long)layer * 4;
+        if ((rc = linear(d, kind[0], h, xb, p[P_QKV_W], p[P_QKV_SCALE], p[P_QKV_BIAS], qkv, R, H, QKV, nthreads))) return rc;
         for (int r = 0; r < R; ++r) {
             float* row = qkv + (long)r * QKV;
             const float* c = cos_t + (long)r * hd;
@@ -354,12 +360,12 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
         attn_ctx ctx = {d, layer, qkv, k_cache, v_cache, positions, slots, S, num_slots, max_len, attn};
         gemv_args a = {&ctx, NULL, NULL, NULL, NULL, 0, 0, 0};
         share(attend_range, &a, R * kv, 1, work_keys >= ATTN_MIN_WORK ? nthreads : 1);
-        if ((rc = linear(d, attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads))) return rc;
+        if ((rc = linear(d, kind[1], attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_POST_NORM], h + (long)r * H, H, d->eps, bf16);
-        if ((rc = linear(d, h, xb, p[P_GU_W], p[P_GU_SCALE], NULL, gu, R, H, 2 * I, nthreads))) return rc;
+        if ((rc = linear(d, kind[2], h, xb, p[P_GU_W], p[P_GU_SCALE], NULL, gu, R, H, 2 * I, nthreads))) return rc;
         silu_mul(gu, act, R, I, bf16);
-        if ((rc = linear(d, act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads))) return rc;
+        if ((rc = linear(d, kind[3], act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);
     }
     for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, d->final_norm, out + (long)r * H, H, d->eps, bf16);

@@ -29,12 +29,18 @@ FAMILIES = {
     "bf16": (torch.bfloat16, "gemv-bf16"),
     **({"bf16dp": (torch.bfloat16, "gemv-bf16dp")} if bf16_dot_available() else {}),
     **(
-        {"int8amx": (torch.float32, "gemv-int8amx"), "bf16amx": (torch.bfloat16, "gemv-bf16amx")}
+        {
+            "int8amx": (torch.float32, "gemv-int8amx"),
+            "bf16amx": (torch.bfloat16, "gemv-bf16amx"),
+            "int8-mixed": (torch.float32, "gemv-int8amx+gemv-int8"),
+        }
         if amx_bf16_available()
         else {}
     ),
 }
-"""Activation dtype and GEMV kernel of each fused configuration (int8 in a bfloat16 model too)."""
+"""Activation dtype and GEMV kernel of each fused configuration (int8 in a bfloat16 model too;
+``a+b``: kernel a for the linears reading the hidden state (q/k/v, gate/up), b for the others,
+as a per-shape choice may mix them)."""
 TOLERANCE = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (4e-2, 4e-2)}
 """(rtol, atol) of fused against the torch path (same GEMV kernels), by activation dtype.
 float32: sums in another order and a ~1 ulp exp per operation, over up to 3 layers (measured
@@ -69,10 +75,14 @@ def _stack(
             for p in stack.parameters():
                 p.normal_(0.0, 0.3)
         stack = stack.to(dtype)
-        table = KernelTable("int8" if kernel == "gemv-int8" else "bfloat16", (1,))
-        table.chosen = dict.fromkeys(linear_shapes(stack), kernel)
+        from_hidden, others = (kernel.split("+") * 2)[:2]
+        table = KernelTable("int8" if "int8" in kernel else "bfloat16", (1,))
+        table.chosen = {
+            shape: from_hidden if shape[0] == hidden else others for shape in linear_shapes(stack)
+        }
         use_kernels(stack, table)
-        assert stack.fused_stack is not None and stack.fused_stack.kernel == kernel
+        assert stack.fused_stack is not None
+        assert stack.fused_stack.kernel == "+".join(sorted(set(table.chosen.values())))
         _STACKS[key] = stack
     return _STACKS[key]
 
