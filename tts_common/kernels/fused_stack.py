@@ -46,8 +46,10 @@ from torch import nn
 from .candidates import GemvLinear
 from .gemv import library
 
-PARAMS_PER_LAYER = 14
-"""Pointers per layer, in the C enum's order (``P_IN_NORM`` .. ``P_DOWN_SCALE``)."""
+PARAMS_PER_LAYER = 22
+"""Pointers per layer, in the C enum's order (``P_IN_NORM`` .. ``P_UP_SCALE``)."""
+KINDS_PER_LAYER = 7
+"""Kernels per layer, in the C order: q/k/v (or q), o, gate/up (or gate), down, k, v, up."""
 
 
 class _StackDesc(ctypes.Structure):
@@ -107,7 +109,7 @@ class FusedStack:
     ) -> None:
         lib = library()
         assert lib is not None and len(tensors) == dims.layers * PARAMS_PER_LAYER
-        assert len(kernels) == dims.layers * 4  # q/k/v, o, gate/up, down per layer
+        assert len(kernels) == dims.layers * KINDS_PER_LAYER
         self._lib = lib
         self.dims = dims
         self.dtype = dtype
@@ -233,9 +235,9 @@ def _norm_weight(norm: nn.Module, dim: int, dtype: torch.dtype) -> torch.Tensor 
 
 def fuse_stack(stack: nn.Module) -> FusedStack | None:
     """The fused forward of ``stack`` (a decoder stack with the checkpoint's names: ``layers``
-    of ``input_layernorm``, ``self_attn`` (fused ``qkv_proj``, ``o_proj``, ``q_norm``,
-    ``k_norm``), ``post_attention_layernorm``, ``mlp`` (fused ``gate_up_proj``, ``down_proj``,
-    SiLU); ``norm``), or None where it cannot run it: the library missing here, a linear that
+    of ``input_layernorm``, ``self_attn`` (``qkv_proj`` or ``q/k/v_proj``, ``o_proj``,
+    ``q_norm``, ``k_norm``), ``post_attention_layernorm``, ``mlp`` (``gate_up_proj`` or
+    ``gate/up_proj``, ``down_proj``, SiLU); ``norm``), or None where it cannot run it: the library missing here, a linear that
     is not one of our packed GEMV kernels (each may run another of them: the choice is per
     shape), bf16 weights in a float32 model, norms of another dtype than the model's or of
     different epsilons. The activations' dtype is the norms' (the model's): float32 or
@@ -263,9 +265,24 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
         attn, mlp = layer.self_attn, layer.mlp
         if (attn.heads, attn.kv_heads, attn.head_dim) != (heads, kv_heads, head_dim) or mlp.act is not F.silu:
             return None
-        qkv = _packed_gemv(attn.qkv_proj, hidden, (heads + 2 * kv_heads) * head_dim)
+        # q/k/v and gate/up: one fused call, or (where the choice kept different kernels for
+        # their shapes, so use_kernels could not fuse them) one call per part.
+        if attn.qkv_proj is not None:
+            qkv_parts = [_packed_gemv(attn.qkv_proj, hidden, (heads + 2 * kv_heads) * head_dim)]
+        else:
+            qkv_parts = [
+                _packed_gemv(attn.q_proj, hidden, heads * head_dim),
+                _packed_gemv(attn.k_proj, hidden, kv_heads * head_dim),
+                _packed_gemv(attn.v_proj, hidden, kv_heads * head_dim),
+            ]
+        if mlp.gate_up_proj is not None:
+            gate_up_parts = [_packed_gemv(mlp.gate_up_proj, hidden, 2 * inter)]
+        else:
+            gate_up_parts = [
+                _packed_gemv(mlp.gate_proj, hidden, inter),
+                _packed_gemv(mlp.up_proj, hidden, inter),
+            ]
         o = _packed_gemv(attn.o_proj, heads * head_dim, hidden)
-        gate_up = _packed_gemv(mlp.gate_up_proj, hidden, 2 * inter)
         down = _packed_gemv(mlp.down_proj, inter, hidden)
         norms = [
             (layer.input_layernorm, hidden),
@@ -274,21 +291,27 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
             (layer.post_attention_layernorm, hidden),
         ]
         weights = [_norm_weight(n, dim, dtype) for n, dim in norms]
-        if qkv is None or o is None or gate_up is None or down is None or any(w is None for w in weights):
+        linears = [*qkv_parts, o, *gate_up_parts, down]
+        if any(lin is None for lin in linears) or any(w is None for w in weights):
             return None
-        linears = (qkv, o, gate_up, down)
+        if any(n.eps != eps for n, _ in norms) or any(g.bias is not None for g in [*gate_up_parts, down]):  # type: ignore[union-attr]
+            return None
         # Each linear keeps the kernel the choice kept for its shape; the bf16-weight kernels
         # take bf16 activations only (their family's model dtype).
         if any(
             lin.kernel not in ("gemv-int8", "gemv-int8amx") and dtype != torch.bfloat16 for lin in linears
-        ):
+        ):  # type: ignore[union-attr]
             return None
-        kernels += [lin.kernel for lin in linears]
-        if any(n.eps != eps for n, _ in norms) or gate_up.bias is not None or down.bias is not None:
-            return None
+        q, k, v = (qkv_parts * 3)[:3] if len(qkv_parts) == 1 else qkv_parts
+        gate, up = (gate_up_parts * 2)[:2] if len(gate_up_parts) == 1 else gate_up_parts
+        split_qkv, split_gate_up = len(qkv_parts) == 3, len(gate_up_parts) == 2
         in_norm, q_norm, k_norm, post_norm = weights
-        tensors += [in_norm, qkv.weight, qkv.scale, qkv.bias, q_norm, k_norm, o.weight, o.scale, o.bias]
-        tensors += [post_norm, gate_up.weight, gate_up.scale, down.weight, down.scale]
+        tensors += [in_norm, q.weight, q.scale, q.bias, q_norm, k_norm, o.weight, o.scale, o.bias]  # type: ignore[union-attr]
+        tensors += [post_norm, gate.weight, gate.scale, down.weight, down.scale]  # type: ignore[union-attr]
+        tensors += [k.weight, k.scale, k.bias, v.weight, v.scale, v.bias] if split_qkv else [None] * 6  # type: ignore[union-attr]
+        tensors += [up.weight, up.scale] if split_gate_up else [None] * 2  # type: ignore[union-attr]
+        # C order: q/k/v (or q), o, gate/up (or gate), down, k, v, up (unused parts: any kernel).
+        kernels += [lin.kernel for lin in (q, o, gate, down, k, v, up)]  # type: ignore[union-attr]
     final = _norm_weight(stack.norm, hidden, dtype)
     if final is None:
         return None

@@ -26,21 +26,26 @@ SOURCE = r"""
 
 enum {
     P_IN_NORM, P_QKV_W, P_QKV_SCALE, P_QKV_BIAS, P_Q_NORM, P_K_NORM, P_O_W, P_O_SCALE, P_O_BIAS,
-    P_POST_NORM, P_GU_W, P_GU_SCALE, P_DOWN_W, P_DOWN_SCALE, P_COUNT
+    P_POST_NORM, P_GU_W, P_GU_SCALE, P_DOWN_W, P_DOWN_SCALE,
+    /* q/k/v or gate/up not fused into one call (their parts' kernels differ): P_QKV_* is q,
+       P_GU_* is gate, and these the other parts; P_K_W / P_UP_W NULL where fused */
+    P_K_W, P_K_SCALE, P_K_BIAS, P_V_W, P_V_SCALE, P_V_BIAS, P_UP_W, P_UP_SCALE, P_COUNT
 };
 enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
     int bf16;   /* activations and KV cache in bfloat16 (values rounded where torch stores them) */
-    const int* kinds;  /* [layers][4]: the GEMV of q/k/v, o, gate/up, down (K_*: each linear
-                          runs the kernel the choice kept for its shape) */
+    const int* kinds;  /* [layers][KINDS_PER_LAYER]: the GEMV of q/k/v (or q), o, gate/up (or
+                          gate), down, k, v, up (K_*: each linear runs the kernel the choice kept
+                          for its shape) */
     float eps, scaling;
     const void* const* params;   /* [layers][P_COUNT]: see the enum; scales/biases may be NULL;
                                     norm weights float32 */
     const float* final_norm;
 } stack_desc;
 
+#define KINDS_PER_LAYER 7
 #define KB 64          /* keys per softmax block */
 #define ATTN_MIN_WORK 32768L  /* key-dims below which attention stays on the calling thread */
 
@@ -266,6 +271,29 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
     return 0;
 }
 
+/* out [R][sum of n] = the parts' outputs side by side: one call where they are fused (parts = 1,
+   n[0] then ignored: the weight's whole width), else one call per part (param slots w[i], kind
+   index k[i], width n[i]) through ``scratch`` [R][max n] */
+static int project(const stack_desc* d, const void* const* p, const int* kind, const int* w, const int* k,
+                   const int* n, int parts, const float* x, uint16_t* xb, float* out, float* scratch, int R,
+                   int K, int nthreads) {
+    int total = 0;
+    for (int i = 0; i < (parts == 1 ? 0 : parts); ++i) total += n[i];
+    if (parts == 1) {
+        for (int i = 0; i < (w[0] == P_QKV_W ? 3 : 2); ++i) total += n[i];
+        return linear(d, kind[k[0]], x, xb, p[w[0]], p[w[0] + 1], w[0] == P_QKV_W ? p[w[0] + 2] : NULL, out, R, K, total, nthreads);
+    }
+    int off = 0;
+    for (int i = 0; i < parts; ++i) {
+        const void* bias = w[i] == P_UP_W || w[i] == P_GU_W ? NULL : p[w[i] + 2];
+        int rc = linear(d, kind[k[i]], x, xb, p[w[i]], p[w[i] + 1], bias, scratch, R, K, n[i], nthreads);
+        if (rc) return rc;
+        for (int r = 0; r < R; ++r) memcpy(out + (long)r * total + off, scratch + (long)r * n[i], sizeof(float) * n[i]);
+        off += n[i];
+    }
+    return 0;
+}
+
 /* round(round(silu(gate)) * up): gu [R][2I] (gate then up) -> act [R][I] */
 static void silu_mul(const float* gu, float* act, int R, int I, int bf16) {
     for (int r = 0; r < R; ++r) {
@@ -296,7 +324,7 @@ static long max3(long a, long b, long c) { long m = a > b ? a : b; return m > c 
 /* Floats of workspace stack_forward needs for R tokens. */
 long stack_workspace(const stack_desc* d, int R) {
     long H = d->hidden, A = (long)d->heads * d->head_dim, QKV = A + 2L * d->kv_heads * d->head_dim;
-    return (long)R * (3 * H + QKV + A + 3L * d->inter + max3(H, A, d->inter));
+    return (long)R * (3 * H + QKV + A + 3L * d->inter + (A > d->inter ? A : d->inter) + max3(H, A, d->inter));
 }
 
 /* The stack's forward for B rows of S tokens: x_in/out [R][hidden] float32 (bf16 values for bf16
@@ -312,7 +340,7 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     int R = B * S, H = d->hidden, hd = d->head_dim, heads = d->heads, kv = d->kv_heads, I = d->inter;
     int bf16 = d->bf16, rc;
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
-    for (int i = 0; i < d->layers * 4; ++i) {
+    for (int i = 0; i < d->layers * KINDS_PER_LAYER; ++i) {
         int kind = d->kinds[i];
         if (kind < K_I8 || kind > K_BF16AMX) return 4;
 #ifndef __AVX512BF16__
@@ -330,15 +358,19 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     float* attn = qkv + (long)R * QKV;
     float* gu = attn + (long)R * A;
     float* act = gu + (long)R * 2 * I;
-    uint16_t* xb = (uint16_t*)(act + (long)R * I);
+    float* scratch = act + (long)R * I;
+    uint16_t* xb = (uint16_t*)(scratch + (long)R * (A > I ? A : I));
     memcpy(x, x_in, sizeof(float) * (long)R * H);
     long work_keys = 0;
     for (int r = 0; r < R; ++r) work_keys += (positions[r] + 1) * (long)hd * heads;
     for (int layer = 0; layer < d->layers; ++layer) {
         const void* const* p = d->params + (long)layer * P_COUNT;
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_IN_NORM], h + (long)r * H, H, d->eps, bf16);
-        const int* kind = d->kinds + (long)layer * 4;
-        if ((rc = linear(d, kind[0], h, xb, p[P_QKV_W], p[P_QKV_SCALE], p[P_QKV_BIAS], qkv, R, H, QKV, nthreads))) return rc;
+        const int* kind = d->kinds + (long)layer * KINDS_PER_LAYER;
+        {
+            const int w[3] = {P_QKV_W, P_K_W, P_V_W}, k[3] = {0, 4, 5}, n[3] = {A, kv * hd, kv * hd};
+            if ((rc = project(d, p, kind, w, k, n, p[P_K_W] ? 3 : 1, h, xb, qkv, scratch, R, H, nthreads))) return rc;
+        }
         for (int r = 0; r < R; ++r) {
             float* row = qkv + (long)r * QKV;
             const float* c = cos_t + (long)r * hd;
@@ -363,7 +395,10 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
         if ((rc = linear(d, kind[1], attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);
         for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_POST_NORM], h + (long)r * H, H, d->eps, bf16);
-        if ((rc = linear(d, kind[2], h, xb, p[P_GU_W], p[P_GU_SCALE], NULL, gu, R, H, 2 * I, nthreads))) return rc;
+        {
+            const int w[2] = {P_GU_W, P_UP_W}, k[2] = {2, 6}, n[2] = {I, I};
+            if ((rc = project(d, p, kind, w, k, n, p[P_UP_W] ? 2 : 1, h, xb, gu, scratch, R, H, nthreads))) return rc;
+        }
         silu_mul(gu, act, R, I, bf16);
         if ((rc = linear(d, kind[3], act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads))) return rc;
         add_rows(x, tmp, (long)R * H, bf16);

@@ -11,11 +11,12 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talker_service.model.layers import AttentionSpec, DecoderStack
+from talker_service.model.layers import Attention, AttentionSpec, DecoderStack
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.kernels.candidates import candidate_available
 from tts_common.kernels.choice import KernelTable, linear_shapes, use_kernels
 from tts_common.kernels.gemv import amx_bf16_available, bf16_dot_available, library
+from tts_common.layers import GatedMLP
 
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
@@ -27,6 +28,8 @@ FAMILIES = {
     "int8": (torch.float32, "gemv-int8"),
     "int8-bf16": (torch.bfloat16, "gemv-int8"),
     "bf16": (torch.bfloat16, "gemv-bf16"),
+    "int8-split": (torch.float32, "gemv-int8"),
+    "bf16-split": (torch.bfloat16, "gemv-bf16"),
     **({"bf16dp": (torch.bfloat16, "gemv-bf16dp")} if bf16_dot_available() else {}),
     **(
         {
@@ -40,7 +43,8 @@ FAMILIES = {
 }
 """Activation dtype and GEMV kernel of each fused configuration (int8 in a bfloat16 model too;
 ``a+b``: kernel a for the linears reading the hidden state (q/k/v, gate/up), b for the others,
-as a per-shape choice may mix them)."""
+as a per-shape choice may mix them; ``-split``: q/k/v and gate/up left unfused, one call each, as
+when the choice keeps different kernels for q's and k/v's shapes)."""
 TOLERANCE = {torch.float32: (1e-5, 2e-6), torch.bfloat16: (4e-2, 4e-2)}
 """(rtol, atol) of fused against the torch path (same GEMV kernels), by activation dtype.
 float32: sums in another order and a ~1 ulp exp per operation, over up to 3 layers (measured
@@ -80,7 +84,11 @@ def _stack(
         table.chosen = {
             shape: from_hidden if shape[0] == hidden else others for shape in linear_shapes(stack)
         }
-        use_kernels(stack, table)
+        with pytest.MonkeyPatch.context() as mp:
+            if family.endswith("-split"):
+                mp.setattr(Attention, "FUSED_PROJECTIONS", {})
+                mp.setattr(GatedMLP, "FUSED_PROJECTIONS", {})
+            use_kernels(stack, table)
         assert stack.fused_stack is not None
         assert stack.fused_stack.kernel == "+".join(sorted(set(table.chosen.values())))
         _STACKS[key] = stack
