@@ -9,9 +9,11 @@ new tokens, float32 or bfloat16 activations (held as float32, rounded to bf16 wh
 path stores a bf16 tensor) and a KV cache of the same dtype ``[layers, slots, kv_heads, max_len,
 head_dim]``; token ``(b, s)`` sits at cache position ``positions[b*S + s]`` of slot ``slots[b]``
 and attends keys ``[0, position]`` of that slot (written by this call first, for all its tokens,
-then read). Per layer: RMSNorm -> fused q/k/v GEMV -> per-head q/k RMSNorm -> RoPE (the caller's
+then read). Per layer: RMSNorm -> q/k/v GEMV (one fused call, or one per part where the
+kernel choice kept different kernels for their shapes; each linear runs its own kernel) ->
+per-head q/k RMSNorm -> RoPE (the caller's
 cos/sin rows) -> K/V written -> attention over keys 0..position (float32 online softmax in blocks
-of ``KB`` keys) -> o GEMV + residual -> RMSNorm -> fused gate/up GEMV -> SiLU(gate) * up -> down
+of ``KB`` keys) -> o GEMV + residual -> RMSNorm -> gate/up GEMV (fused or per part) -> SiLU(gate) * up -> down
 GEMV + residual; then the final RMSNorm into ``out``.
 
 Every token's values are computed from its own row alone, in an order that does not depend on
