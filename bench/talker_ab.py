@@ -6,6 +6,11 @@ median ms per step at 1 row against its floor (weight bytes one frame streams / 
 and the frames/s at ``--batch`` against 1 row.
 
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants float32,auto,int8
+    python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8-unfused,int8
+
+A variant with ``-unfused`` (``int8-unfused``, ``bfloat16-unfused``): the same kernels with the
+decoder stacks on the torch path (no fused stack forward: tts_common.kernels.fused_stack), the
+step as it ran before the fused stack.
 """
 
 from __future__ import annotations
@@ -33,7 +38,9 @@ from tts_common.precision import resolve_dtype
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
-    ap.add_argument("--variants", default="float32,auto,int8", help="dtypes (auto resolved) or int8")
+    ap.add_argument(
+        "--variants", default="float32,auto,int8", help="dtypes (auto resolved) or int8, each maybe -unfused"
+    )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="decode steps per timing")
     ap.add_argument("--turns", type=int, default=5)
@@ -42,11 +49,18 @@ def main() -> None:
     buckets = sorted({1, 2, 4, opts.batch})
     runners, floors_bytes, kernels = {}, {}, {}
     for name in opts.variants.split(","):
-        dtype = "float32" if name == "int8" else resolve_dtype(name, "cpu")
+        base = name.removesuffix("-unfused")
+        int8 = base == "int8"
+        dtype = "float32" if int8 else resolve_dtype(base, "cpu")
         model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, dtype))
         kernels[name], _ = set_up_linears(
-            model.talker, "cpu", model.dtype, "auto", "int8" if name == "int8" else "none", buckets
+            model.talker, "cpu", model.dtype, "auto", "int8" if int8 else "none", buckets
         )
+        if name != base:
+            for stack in model.talker.modules():
+                if (attribute := getattr(type(stack), "FUSED_STACK", None)) is not None:
+                    setattr(stack, attribute, None)
+            kernels[name] += " (fused stacks off)"
         floors_bytes[name] = frame_weight_bytes(model.talker)
         runners[name] = {b: step_runner(model, b, 32, opts.steps) for b in (1, opts.batch)}
         for run in runners[name].values():

@@ -20,6 +20,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from tts_common.kernels.fused_stack import FusedStack
 from tts_common.layers import GatedMLP, RMSNorm, RotaryEmbedding, apply_rope
 
 from .decode_attention import InPlaceAttention
@@ -39,6 +40,9 @@ class AttentionSpec:
     * ``mask``: bool [B, 1, S, attend_len] (True = visible) or None; ``is_causal``: use SDPA's
       causal mode instead (only valid when the new tokens sit at positions 0..S-1 and
       ``attend_len == S``, which is the reference's unmasked prefill path bit for bit).
+    * ``prefix_only``: each new token attends exactly keys ``[0, its own position]`` of its row's
+      slot (what ``mask``/``is_causal``/``attend_len`` then say too), so a stack's fused forward
+      (:mod:`tts_common.kernels.fused_stack`) may run it; callers set it where that holds.
     * ``in_place``: per-row key lengths of a one-token decode step over slots 0..B-1 (``slots``
       None, ``attend_len`` = the whole slot, ``mask`` None): attention reads the cache views in
       place with its kernel instead of SDPA with ``mask``.
@@ -50,6 +54,7 @@ class AttentionSpec:
     mask: torch.Tensor | None
     is_causal: bool
     in_place: InPlaceAttention | None = None
+    prefix_only: bool = False
 
 
 def _write_rows(buf: torch.Tensor, slots: torch.Tensor, positions: torch.Tensor, new: torch.Tensor) -> None:
@@ -180,6 +185,11 @@ class DecoderLayer(nn.Module):
 class DecoderStack(nn.Module):
     """Layers + final norm; ``forward`` returns the final-norm hidden states."""
 
+    FUSED_STACK = "fused_stack"
+    """The attribute a CPU kernel set-up may fill with this stack's fused forward (see
+    :func:`tts_common.kernels.choice.use_kernels`): :meth:`run_layers` then calls it for the
+    specs it can run (``prefix_only``), the torch path otherwise."""
+
     def __init__(
         self,
         num_layers: int,
@@ -199,12 +209,21 @@ class DecoderStack(nn.Module):
         )
         self.norm = RMSNorm(hidden, eps)
         self.rotary_emb = RotaryEmbedding(head_dim, rope_theta)
+        self.fused_stack: FusedStack | None = None
 
     def run_layers(
         self, x: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, spec: AttentionSpec
     ) -> torch.Tensor:
         """x [B, S, H]; k/v_cache [layers, slots, kv, max_len, hd] -> final-norm hidden [B, S, H]."""
         cos, sin = self.rotary_emb(spec.positions, x.dtype)
+        fused = self.fused_stack
+        if (
+            fused is not None
+            and spec.prefix_only
+            and spec.in_place is None
+            and fused.accepts(x, k_cache, v_cache)
+        ):
+            return fused.forward(x, cos, sin, k_cache, v_cache, spec.positions, spec.slots)
         for i, layer in enumerate(self.layers):
             x = layer(x, cos, sin, k_cache[i], v_cache[i], spec)
         return self.norm(x)

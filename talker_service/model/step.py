@@ -275,6 +275,7 @@ def predict_residual_codes(
         attend_len=2,
         mask=None,
         is_causal=True,
+        prefix_only=True,  # positions 0, 1 of each row's own slot, causal
     )
     h = cp.model.run_layers(x, k_cache, v_cache, spec)
     codes: list[torch.Tensor] = []
@@ -287,6 +288,7 @@ def predict_residual_codes(
                 attend_len=step + 2,
                 mask=None,
                 is_causal=False,
+                prefix_only=True,  # keys [0, step + 1]: the written prefix
             )
             h = cp.model.run_layers(x, k_cache, v_cache, spec)
         logits = cp.lm_head[step](h[:, -1]).to(torch.float32)

@@ -182,6 +182,7 @@ class Talker(nn.Module):
             mask=mask,
             is_causal=False,
             in_place=in_place,
+            prefix_only=in_place is None,  # the mask: key <= the token's own position
         )
         hidden = self.model.run_layers(inputs_embeds, cache.k, cache.v, spec)
         new_len = positions[:, -1] + 1

@@ -34,8 +34,15 @@ from torch import nn
 
 from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
 
-from .gemv import GROUP, amx_bf16_available, bf16_dot_available, gemv, gemv_available, pack_weight
-from .gemv_source import SOURCE
+from .gemv import (
+    GROUP,
+    LIBRARY_SOURCE,
+    amx_bf16_available,
+    bf16_dot_available,
+    gemv,
+    gemv_available,
+    pack_weight,
+)
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
@@ -249,9 +256,10 @@ class PackedLinear(KernelLinear):
 def kernel_revision(name: str) -> str:
     """What identifies this version of kernel ``name`` in a cached timing (empty for library
     kernels, which the cache file's torch version identifies): ours changes with its source,
-    and a timing of an earlier build must not choose for this one."""
+    and a timing of an earlier build must not choose for this one (the whole library's source:
+    the fused stack shares it, and a rebuilt library is measured again)."""
     if name.startswith("gemv"):
-        return "@" + hashlib.sha256(SOURCE.encode()).hexdigest()[:10]
+        return "@" + hashlib.sha256(LIBRARY_SOURCE.encode()).hexdigest()[:10]
     return ""
 
 

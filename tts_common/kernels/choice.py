@@ -50,6 +50,7 @@ from .candidates import (
     make_candidate,
     quantize_int8,
 )
+from .fused_stack import fuse_stack
 
 logger = logging.getLogger(__name__)
 
@@ -255,6 +256,17 @@ def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
             for n in part_names:
                 parent._modules[n] = None  # weights held once, by the fused call
             used[f"{fused.kernel} fused {'+'.join(part_names)}"] += 1
+    # Whole decoder stacks (a module's FUSED_STACK: the attribute to fill) in one compiled call
+    # per forward where all their linears got one of our packed GEMV kernels: the small ops
+    # between the linears cost about as much as the linears at decode (.fused_stack).
+    for stack in list(module.modules()):
+        attribute = getattr(type(stack), "FUSED_STACK", None)
+        if attribute is None:
+            continue
+        fused_stack = fuse_stack(stack)
+        setattr(stack, attribute, fused_stack)
+        if fused_stack is not None:
+            used[f"fused stack {fused_stack.kernel} ({fused_stack.dims.layers} layers)"] += 1
     return used
 
 

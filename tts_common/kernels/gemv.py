@@ -41,12 +41,17 @@ from tts_common.cpu_info import cpu_flags, cpu_model
 
 from .cache import cache_dir
 from .gemv_source import SOURCE
+from .stack_source import SOURCE as STACK_SOURCE
 
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw"})
-"""CPU flags the kernel needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits)."""
+LIBRARY_SOURCE = SOURCE + STACK_SOURCE
+"""What the library compiles: the GEMV and, calling it, the fused decoder stack
+(:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
+REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
+"""CPU flags the library needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused stack's
+masked 16-bit loads and stores of a bf16 cache on 256 bits: every CPU with AVX512BW has VL)."""
 
 
 def _compiler() -> str | None:
@@ -66,14 +71,14 @@ def _library() -> ctypes.CDLL | None:
     # -march=native compiles for this CPU's flags: hosts of one model name can differ in them (a
     # VM masking some, a generic name such as "AMD EPYC"), and a shared cache must not hand one a
     # build with instructions it lacks.
-    key_parts = [SOURCE, *CFLAGS, cc, cpu_model(), *sorted(cpu_flags())]
+    key_parts = [LIBRARY_SOURCE, *CFLAGS, cc, cpu_model(), *sorted(cpu_flags())]
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     target = cache_dir() / f"gemv-{key}.so"
     if not target.exists():
         target.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryDirectory() as tmp:
             src = Path(tmp) / "gemv.c"
-            src.write_text(SOURCE)
+            src.write_text(LIBRARY_SOURCE)
             out = Path(tmp) / "gemv.so"
             proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
             if proc.returncode != 0:
@@ -87,6 +92,11 @@ def _library() -> ctypes.CDLL | None:
         if fn is not None:
             fn.argtypes = args
             fn.restype = ctypes.c_int if name == "gemv_i8amx" else None  # -1: out of memory
+    lib.stack_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    lib.stack_workspace.restype = ctypes.c_long
+    lib.stack_forward.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
+    lib.stack_forward.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int]
+    lib.stack_forward.restype = ctypes.c_int
     return lib
 
 
@@ -95,6 +105,11 @@ def bf16_dot_available() -> bool:
     bfloat16 activations (:func:`gemv` with a bfloat16 ``x``)."""
     lib = _library()
     return lib is not None and "avx512_bf16" in cpu_flags() and bool(lib.has_bf16dp())
+
+
+def library() -> ctypes.CDLL | None:
+    """The compiled library (GEMV and fused stack), or None where it cannot be built here."""
+    return _library()
 
 
 AMX_FLAGS = frozenset({"amx_tile", "amx_bf16"})
@@ -241,11 +256,13 @@ def gemv_reference(
 
 
 __all__ = [
+    "LIBRARY_SOURCE",
     "PackedWeight",
     "amx_bf16_available",
     "bf16_dot_available",
     "gemv",
     "gemv_available",
     "gemv_reference",
+    "library",
     "pack_weight",
 ]

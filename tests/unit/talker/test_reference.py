@@ -24,6 +24,7 @@ from tests.helpers.fixtures import fixture_prompt_inputs
 from tests.helpers.talker import generate
 from tts_common.kernels.candidates import KernelLinear
 from tts_common.kernels.choice import set_up_linears
+from tts_common.kernels.gemv import gemv_available
 from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
 from tts_common.synthesis import SamplingParams
 
@@ -141,20 +142,42 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
 
 @pytest.mark.skipif(not onednn_linear_available(), reason="torch built without oneDNN")
 @pytest.mark.parametrize(
-    ("dtype", "quantization"), [("float32", "none"), ("bfloat16", "none"), ("float32", "int8")]
+    ("dtype", "quantization", "linear"),
+    [
+        ("float32", "none", "auto"),
+        ("bfloat16", "none", "auto"),
+        ("float32", "int8", "auto"),
+        *(
+            pytest.param(
+                dtype,
+                quantization,
+                "gemv",
+                marks=pytest.mark.skipif(
+                    not gemv_available(), reason="no C compiler or AVX-512: no GEMV, no fused stack"
+                ),
+            )
+            for dtype, quantization in (("float32", "int8"), ("bfloat16", "none"))
+        ),
+    ],
 )
-def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str) -> None:
+def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str, linear: str) -> None:
     """Rows at the same position get the same bits alone and batched, with the kernels an engine
-    chooses on CPU (``--linear auto``) for each dtype and quantization.
+    chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 or bf16
+    GEMV everywhere (``--linear gemv``), where the talker and the code predictor each run as one fused
+    stack call (tts_common.kernels.fused_stack).
 
     The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
     than the batch's longest reads its keys through a longer masked window, which sums in another
     order (last-bit differences): the code tests above check its tokens instead.
     """
     m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / "tiny_voice_design", dtype=getattr(torch, dtype))
-    set_up_linears(m.talker, m.device, m.dtype, "auto", quantization, (1, 2))
+    set_up_linears(m.talker, m.device, m.dtype, linear, quantization, (1, 2))
     assert all(type(mod) is not torch.nn.Linear for mod in m.talker.modules())
     assert any(isinstance(mod, KernelLinear) for mod in m.talker.modules())
+    if linear == "gemv":
+        assert (
+            m.talker.model.fused_stack is not None and m.talker.code_predictor.model.fused_stack is not None
+        )
     cases = _cases("tiny_voice_design")
     prompts = [m.build_prompt(cases[i].request()) for i in (0, 2)]
     assert prompts[0].prefill_len == prompts[1].prefill_len

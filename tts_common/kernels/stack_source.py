@@ -1,0 +1,411 @@
+"""C source of the fused decoder-stack forward (see :mod:`tts_common.kernels.fused_stack`).
+
+Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
+calls ``gemv_i8``/``gemv_bf16``/``gemv_bf16dp`` and the AMX kernels directly and shares their worker pool
+(``share``), so a process has one library and one pool.
+
+``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
+new tokens, float32 or bfloat16 activations (held as float32, rounded to bf16 wherever the torch
+path stores a bf16 tensor) and a KV cache of the same dtype ``[layers, slots, kv_heads, max_len,
+head_dim]``; token ``(b, s)`` sits at cache position ``positions[b*S + s]`` of slot ``slots[b]``
+and attends keys ``[0, position]`` of that slot (written by this call first, for all its tokens,
+then read). Per layer: RMSNorm -> q/k/v GEMV (one fused call, or one per part where the
+kernel choice kept different kernels for their shapes; each linear runs its own kernel) ->
+per-head q/k RMSNorm -> RoPE (the caller's
+cos/sin rows) -> K/V written -> attention over keys 0..position (float32 online softmax in blocks
+of ``KB`` keys) -> o GEMV + residual -> RMSNorm -> gate/up GEMV (fused or per part) -> SiLU(gate) * up -> down
+GEMV + residual; then the final RMSNorm into ``out``.
+
+Every token's values are computed from its own row alone, in an order that does not depend on
+the other rows or on which thread runs it, so a row's bits never depend on its batch. Attention
+runs one (token, kv head) pair per chunk, all the query heads of that kv head together (its keys
+and values stream once), on the shared workers when there is enough of it (``ATTN_MIN_WORK``).
+"""
+
+SOURCE = r"""
+/* ================= fused decoder stack (tts_common.kernels.stack_source) ================= */
+#include <math.h> /* INFINITY only: no libm calls */
+
+enum {
+    P_IN_NORM, P_QKV_W, P_QKV_SCALE, P_QKV_BIAS, P_Q_NORM, P_K_NORM, P_O_W, P_O_SCALE, P_O_BIAS,
+    P_POST_NORM, P_GU_W, P_GU_SCALE, P_DOWN_W, P_DOWN_SCALE,
+    /* q/k/v or gate/up not fused into one call (their parts' kernels differ): P_QKV_* is q,
+       P_GU_* is gate, and these the other parts; P_K_W / P_UP_W NULL where fused */
+    P_K_W, P_K_SCALE, P_K_BIAS, P_V_W, P_V_SCALE, P_V_BIAS, P_UP_W, P_UP_SCALE, P_COUNT
+};
+enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4 };
+
+typedef struct {
+    int layers, hidden, heads, kv_heads, head_dim, inter;
+    int bf16;   /* activations and KV cache in bfloat16 (values rounded where torch stores them) */
+    const int* kinds;  /* [layers][KINDS_PER_LAYER]: the GEMV of q/k/v (or q), o, gate/up (or
+                          gate), down, k, v, up (K_*: each linear runs the kernel the choice kept
+                          for its shape) */
+    float eps, scaling;
+    const void* const* params;   /* [layers][P_COUNT]: see the enum; scales/biases may be NULL;
+                                    norm weights float32 */
+    const float* final_norm;
+} stack_desc;
+
+#define KINDS_PER_LAYER 7
+#define KB 64          /* keys per softmax block */
+#define ATTN_MIN_WORK 32768L  /* key-dims below which attention stays on the calling thread */
+
+/* exp on 16 lanes (Cephes expf polynomial, ~1 ulp on [-87, 88]; the softmax's and SiLU's
+   arguments): 2^n * p(r), x = n ln2 + r. */
+static inline __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
+                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
+    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
+    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* Round to the nearest bfloat16 (ties to even, torch's conversion for finite values), kept in
+   float32; ``rnd`` applies it only for bf16 activations. */
+static inline __m512 round_bf16(__m512 v) {
+    __m512i b = _mm512_castps_si512(v);
+    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
+    b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
+    return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xFFFF0000u)));
+}
+static inline __m512 rnd(__m512 v, int bf16) { return bf16 ? round_bf16(v) : v; }
+
+static inline __mmask16 tail_mask(long n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
+
+/* 16 cache values as float32 (a bf16 cache widened exactly) */
+static inline __m512 load_kv(__mmask16 m, const void* base, long i, int bf16) {
+    if (!bf16) return _mm512_maskz_loadu_ps(m, (const float*)base + i);
+    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t*)base + i));
+    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+}
+
+/* sum of a[i] * b[i], 16 lanes then one fixed reduction (b from the cache) */
+static inline float dot_kv(const float* a, const void* b, long at, int n, int bf16) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_kv(m, b, at + i, bf16), acc);
+    }
+    return _mm512_reduce_add_ps(acc);
+}
+
+/* y = w * round(x * rsqrt(mean(x^2) + eps)), rounded (x and y may alias): torch's RMSNorm */
+static void rms_norm(const float* x, const float* w, float* y, int n, float eps, int bf16) {
+    float ss = dot_kv(x, x, 0, n, 0);
+    float inv = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(ss / (float)n + eps)));
+    __m512 s = _mm512_set1_ps(inv);
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s), bf16);
+        _mm512_mask_storeu_ps(y + i, m, rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), v), bf16));
+    }
+}
+
+/* x[0:hd] <- x * cos + rotate_half(x) * sin (rotate_half = [-x2, x1]), each product and the sum
+   rounded as torch stores them */
+static void rope(float* x, const float* cos_row, const float* sin_row, int hd, int bf16) {
+    int half = hd / 2;
+    float tmp[1024];
+    for (int i = 0; i < half; i += 16) {
+        __mmask16 m = tail_mask(half - i);
+        __m512 x1 = _mm512_maskz_loadu_ps(m, x + i), x2 = _mm512_maskz_loadu_ps(m, x + half + i);
+        __m512 c1 = _mm512_maskz_loadu_ps(m, cos_row + i), s1 = _mm512_maskz_loadu_ps(m, sin_row + i);
+        __m512 c2 = _mm512_maskz_loadu_ps(m, cos_row + half + i), s2 = _mm512_maskz_loadu_ps(m, sin_row + half + i);
+        __m512 neg_x2 = _mm512_sub_ps(_mm512_setzero_ps(), x2);
+        __m512 o1 = _mm512_add_ps(rnd(_mm512_mul_ps(x1, c1), bf16), rnd(_mm512_mul_ps(neg_x2, s1), bf16));
+        __m512 o2 = _mm512_add_ps(rnd(_mm512_mul_ps(x2, c2), bf16), rnd(_mm512_mul_ps(x1, s2), bf16));
+        _mm512_mask_storeu_ps(tmp + i, m, rnd(o1, bf16));
+        _mm512_mask_storeu_ps(tmp + half + i, m, rnd(o2, bf16));
+    }
+    memcpy(x, tmp, sizeof(float) * hd);
+}
+
+/* n values into the cache (bf16: already rounded, so the top 16 bits are the value) */
+static void store_kv(void* cache, long at, const float* v, int n, int bf16) {
+    if (!bf16) { memcpy((float*)cache + at, v, sizeof(float) * n); return; }
+    uint16_t* c = (uint16_t*)cache + at;
+    for (int i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, v + i)), 16);
+        _mm256_mask_storeu_epi16(c + i, m, _mm512_cvtepi32_epi16(b));
+    }
+}
+
+typedef struct {
+    const stack_desc* d; int layer;
+    const float* qkv;        /* [R][(heads + 2 kv) * hd] (q, k, v) after norm and RoPE */
+    const void* k_cache; const void* v_cache;
+    const int64_t* positions; const int64_t* slots;
+    int S, num_slots, max_len;
+    float* out;              /* [R][heads * hd] */
+} attn_ctx;
+
+/* One token and one kv head, for each query head h of its group: softmax(q_h . k_j * scaling)
+   over keys j = 0..position, times v_j; online softmax over blocks of KB keys (running max,
+   rescaled sum and accumulator per head). The group's heads take each block in turn while its
+   keys and values are in cache, so the slot's K/V stream from memory once per group, not once
+   per query head. Each head's sums run in the same order whatever the group or the thread.
+   bf16: the probabilities are rounded to bf16 before they weight the values (as torch's CPU
+   flash attention does), the output rounded. */
+static void attend_group(const attn_ctx* c, int task) {
+    const stack_desc* d = c->d;
+    int hd = d->head_dim, heads = d->heads, kv = d->kv_heads, group = heads / kv, bf16 = d->bf16;
+    int r = task / kv, kvh = task % kv;
+    int qkv_w = (heads + 2 * kv) * hd;
+    const float* q0 = c->qkv + (long)r * qkv_w + (long)kvh * group * hd;
+    long pos = c->positions[r];
+    long slot = c->slots[r / c->S];
+    long base = ((((long)c->layer * c->num_slots + slot) * kv + kvh) * c->max_len) * hd;
+    float acc[group * hd], m[group], l[group];
+    for (int i = 0; i < group * hd; ++i) acc[i] = 0.0f;
+    for (int g = 0; g < group; ++g) { m[g] = -INFINITY; l[g] = 0.0f; }
+    float s[KB];
+    for (long j0 = 0; j0 <= pos; j0 += KB) {
+        int n = pos + 1 - j0 < KB ? (int)(pos + 1 - j0) : KB;
+        for (int g = 0; g < group; ++g) {
+            const float* q = q0 + (long)g * hd;
+            float* a_g = acc + (long)g * hd;
+            float bm = -INFINITY;
+            for (int j = 0; j < n; ++j) {
+                s[j] = dot_kv(q, c->k_cache, base + (j0 + j) * hd, hd, bf16) * d->scaling;
+                if (s[j] > bm) bm = s[j];
+            }
+            float nm = bm > m[g] ? bm : m[g];
+            float rescale = m[g] == -INFINITY ? 0.0f : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[g] - nm)));
+            __m512 vnm = _mm512_set1_ps(nm);
+            float bl = 0.0f;
+            for (int j = 0; j < n; j += 16) {
+                __mmask16 mk = tail_mask(n - j);
+                __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vnm)));
+                bl += _mm512_reduce_add_ps(e);
+                _mm512_mask_storeu_ps(s + j, mk, rnd(e, bf16));
+            }
+            l[g] = l[g] * rescale + bl;
+            m[g] = nm;
+            for (int i = 0; i < hd; i += 16) {
+                __mmask16 mk = tail_mask(hd - i);
+                __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, a_g + i), _mm512_set1_ps(rescale));
+                for (int j = 0; j < n; ++j)
+                    a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), load_kv(mk, c->v_cache, base + (j0 + j) * hd + i, bf16), a);
+                _mm512_mask_storeu_ps(a_g + i, mk, a);
+            }
+        }
+    }
+    for (int g = 0; g < group; ++g) {
+        float* o = c->out + (long)r * heads * hd + (long)(kvh * group + g) * hd;
+        __m512 inv = _mm512_set1_ps(1.0f / l[g]);
+        for (int i = 0; i < hd; i += 16) {
+            __mmask16 mk = tail_mask(hd - i);
+            _mm512_mask_storeu_ps(o + i, mk, rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + (long)g * hd + i), inv), bf16));
+        }
+    }
+}
+
+static void attend_range(const gemv_args* a, int begin, int end) {
+    /* share() hands its range function a gemv_args: the attention context rides in ``x``. */
+    const attn_ctx* c = (const attn_ctx*)a->x;
+    for (int t = begin; t < end; ++t) attend_group(c, t);
+}
+
+static void round_rows(float* y, long n, int bf16) {
+    if (!bf16) return;
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        _mm512_mask_storeu_ps(y + i, m, round_bf16(_mm512_maskz_loadu_ps(m, y + i)));
+    }
+}
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#define STACK_HAS_AMX 1
+#else
+#define STACK_HAS_AMX 0
+#endif
+
+/* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
+   room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
+   kernel is not in this build, or 5 where the int8 AMX kernel could not allocate. */
+static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, const void* w, const void* scale,
+                  const void* bias, float* y, int R, int K, int N, int nthreads) {
+    const float* sc = (const float*)scale;
+    const float* bi = (const float*)bias;
+    if (kind == K_I8) {
+        gemv_i8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads);
+    } else if (kind == K_BF16) {
+        gemv_bf16(x, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+    } else if (kind == K_I8AMX) {
+#if STACK_HAS_AMX
+        if (gemv_i8amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
+#else
+        return 4;
+#endif
+    } else {
+#ifdef __AVX512BF16__
+        long n = (long)R * K;
+        for (long i = 0; i < n; i += 16) {  /* x holds bf16 values: the top 16 bits */
+            __mmask16 m = tail_mask(n - i);
+            __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), 16);
+            _mm256_mask_storeu_epi16(xb + i, m, _mm512_cvtepi32_epi16(b));
+        }
+        if (kind == K_BF16DP) {
+            gemv_bf16dp(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+        } else {
+#if STACK_HAS_AMX
+            gemv_bf16amx(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
+#else
+            return 4;
+#endif
+        }
+#else
+        (void)xb;
+        return 4;
+#endif
+    }
+    round_rows(y, (long)R * N, d->bf16);
+    return 0;
+}
+
+/* out [R][sum of n] = the parts' outputs side by side: one call where they are fused (parts = 1,
+   n[0] then ignored: the weight's whole width), else one call per part (param slots w[i], kind
+   index k[i], width n[i]) through ``scratch`` [R][max n] */
+static int project(const stack_desc* d, const void* const* p, const int* kind, const int* w, const int* k,
+                   const int* n, int parts, const float* x, uint16_t* xb, float* out, float* scratch, int R,
+                   int K, int nthreads) {
+    int total = 0;
+    for (int i = 0; i < (parts == 1 ? 0 : parts); ++i) total += n[i];
+    if (parts == 1) {
+        for (int i = 0; i < (w[0] == P_QKV_W ? 3 : 2); ++i) total += n[i];
+        return linear(d, kind[k[0]], x, xb, p[w[0]], p[w[0] + 1], w[0] == P_QKV_W ? p[w[0] + 2] : NULL, out, R, K, total, nthreads);
+    }
+    int off = 0;
+    for (int i = 0; i < parts; ++i) {
+        const void* bias = w[i] == P_UP_W || w[i] == P_GU_W ? NULL : p[w[i] + 2];
+        int rc = linear(d, kind[k[i]], x, xb, p[w[i]], p[w[i] + 1], bias, scratch, R, K, n[i], nthreads);
+        if (rc) return rc;
+        for (int r = 0; r < R; ++r) memcpy(out + (long)r * total + off, scratch + (long)r * n[i], sizeof(float) * n[i]);
+        off += n[i];
+    }
+    return 0;
+}
+
+/* round(round(silu(gate)) * up): gu [R][2I] (gate then up) -> act [R][I] */
+static void silu_mul(const float* gu, float* act, int R, int I, int bf16) {
+    for (int r = 0; r < R; ++r) {
+        const float* g = gu + (long)r * 2 * I;
+        const float* u = g + I;
+        float* o = act + (long)r * I;
+        for (int i = 0; i < I; i += 16) {
+            __mmask16 m = tail_mask(I - i);
+            __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
+            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
+            __m512 sv = rnd(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), bf16);
+            _mm512_mask_storeu_ps(o + i, m, rnd(_mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, u + i)), bf16));
+        }
+    }
+}
+
+/* x = round(x + y) */
+static void add_rows(float* x, const float* y, long n, int bf16) {
+    for (long i = 0; i < n; i += 16) {
+        __mmask16 m = tail_mask(n - i);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
+        _mm512_mask_storeu_ps(x + i, m, rnd(v, bf16));
+    }
+}
+
+static long max3(long a, long b, long c) { long m = a > b ? a : b; return m > c ? m : c; }
+
+/* Floats of workspace stack_forward needs for R tokens. */
+long stack_workspace(const stack_desc* d, int R) {
+    long H = d->hidden, A = (long)d->heads * d->head_dim, QKV = A + 2L * d->kv_heads * d->head_dim;
+    return (long)R * (3 * H + QKV + A + 3L * d->inter + (A > d->inter ? A : d->inter) + max3(H, A, d->inter));
+}
+
+/* The stack's forward for B rows of S tokens: x_in/out [R][hidden] float32 (bf16 values for bf16
+   activations), cos/sin [R][head_dim], caches [layers][num_slots][kv][max_len][head_dim] (float32
+   or bf16). Returns 0, or 1 for a position outside [0, max_len), 2 for a slot outside
+   [0, num_slots), 3 for a head_dim over 1024, query heads not a multiple of the kv heads or more
+   than 64 to a kv head (all checked before anything is written), 4 for a kernel not built here,
+   5 where the int8 AMX kernel could not allocate (the cache may then hold this call's first
+   layers' K/V, which the next write at these positions replaces). */
+int stack_forward(const stack_desc* d, const float* x_in, float* out, const float* cos_t, const float* sin_t,
+                  const int64_t* positions, const int64_t* slots, int B, int S,
+                  void* k_cache, void* v_cache, int num_slots, int max_len, float* work, int nthreads) {
+    int R = B * S, H = d->hidden, hd = d->head_dim, heads = d->heads, kv = d->kv_heads, I = d->inter;
+    int bf16 = d->bf16, rc;
+    if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
+    for (int i = 0; i < d->layers * KINDS_PER_LAYER; ++i) {
+        int kind = d->kinds[i];
+        if (kind < K_I8 || kind > K_BF16AMX) return 4;
+#ifndef __AVX512BF16__
+        if (kind == K_BF16DP) return 4;
+#endif
+        if (!STACK_HAS_AMX && (kind == K_I8AMX || kind == K_BF16AMX)) return 4;
+    }
+    for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
+    for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;
+    int A = heads * hd, QKV = A + 2 * kv * hd;
+    float* x = work;
+    float* h = x + (long)R * H;
+    float* tmp = h + (long)R * H;
+    float* qkv = tmp + (long)R * H;
+    float* attn = qkv + (long)R * QKV;
+    float* gu = attn + (long)R * A;
+    float* act = gu + (long)R * 2 * I;
+    float* scratch = act + (long)R * I;
+    uint16_t* xb = (uint16_t*)(scratch + (long)R * (A > I ? A : I));
+    memcpy(x, x_in, sizeof(float) * (long)R * H);
+    long work_keys = 0;
+    for (int r = 0; r < R; ++r) work_keys += (positions[r] + 1) * (long)hd * heads;
+    for (int layer = 0; layer < d->layers; ++layer) {
+        const void* const* p = d->params + (long)layer * P_COUNT;
+        for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_IN_NORM], h + (long)r * H, H, d->eps, bf16);
+        const int* kind = d->kinds + (long)layer * KINDS_PER_LAYER;
+        {
+            const int w[3] = {P_QKV_W, P_K_W, P_V_W}, k[3] = {0, 4, 5}, n[3] = {A, kv * hd, kv * hd};
+            if ((rc = project(d, p, kind, w, k, n, p[P_K_W] ? 3 : 1, h, xb, qkv, scratch, R, H, nthreads))) return rc;
+        }
+        for (int r = 0; r < R; ++r) {
+            float* row = qkv + (long)r * QKV;
+            const float* c = cos_t + (long)r * hd;
+            const float* s = sin_t + (long)r * hd;
+            for (int hh = 0; hh < heads; ++hh) {
+                rms_norm(row + (long)hh * hd, p[P_Q_NORM], row + (long)hh * hd, hd, d->eps, bf16);
+                rope(row + (long)hh * hd, c, s, hd, bf16);
+            }
+            long slot = slots[r / S], pos = positions[r];
+            for (int kh = 0; kh < kv; ++kh) {
+                float* k = row + A + (long)kh * hd;
+                rms_norm(k, p[P_K_NORM], k, hd, d->eps, bf16);
+                rope(k, c, s, hd, bf16);
+                long at = ((((long)layer * num_slots + slot) * kv + kh) * max_len + pos) * hd;
+                store_kv(k_cache, at, k, hd, bf16);
+                store_kv(v_cache, at, row + A + (long)kv * hd + (long)kh * hd, hd, bf16);
+            }
+        }
+        attn_ctx ctx = {d, layer, qkv, k_cache, v_cache, positions, slots, S, num_slots, max_len, attn};
+        gemv_args a = {&ctx, NULL, NULL, NULL, NULL, 0, 0, 0};
+        share(attend_range, &a, R * kv, 1, work_keys >= ATTN_MIN_WORK ? nthreads : 1);
+        if ((rc = linear(d, kind[1], attn, xb, p[P_O_W], p[P_O_SCALE], p[P_O_BIAS], tmp, R, A, H, nthreads))) return rc;
+        add_rows(x, tmp, (long)R * H, bf16);
+        for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, p[P_POST_NORM], h + (long)r * H, H, d->eps, bf16);
+        {
+            const int w[2] = {P_GU_W, P_UP_W}, k[2] = {2, 6}, n[2] = {I, I};
+            if ((rc = project(d, p, kind, w, k, n, p[P_UP_W] ? 2 : 1, h, xb, gu, scratch, R, H, nthreads))) return rc;
+        }
+        silu_mul(gu, act, R, I, bf16);
+        if ((rc = linear(d, kind[3], act, xb, p[P_DOWN_W], p[P_DOWN_SCALE], NULL, tmp, R, I, H, nthreads))) return rc;
+        add_rows(x, tmp, (long)R * H, bf16);
+    }
+    for (int r = 0; r < R; ++r) rms_norm(x + (long)r * H, d->final_norm, out + (long)r * H, H, d->eps, bf16);
+    return 0;
+}
+"""
