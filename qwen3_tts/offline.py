@@ -68,7 +68,7 @@ the whole text in non-streaming feeding, reference codes of an in-context clone)
 is refused with a message naming the numbers."""
 
 MAX_BATCH = 4
-"""Requests generated (and segments decoded) at once (each holds a KV slot of budget +
+"""The default of :class:`OfflineSynthesizer`'s ``max_batch``: requests generated (and segments decoded) at once (each holds a KV slot of budget +
 PROMPT_POSITIONS positions)."""
 
 
@@ -194,8 +194,16 @@ class OfflineSynthesizer:
     """Talker, decoder and (Base checkpoints) the voice-clone front end of one checkpoint."""
 
     def __init__(
-        self, model_dir: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32
+        self,
+        model_dir: str | Path,
+        device: str = "cpu",
+        dtype: torch.dtype = torch.float32,
+        max_batch: int = MAX_BATCH,
     ) -> None:
+        """``max_batch``: requests generated (and segments decoded) at once."""
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be at least 1, got {max_batch}")
+        self.max_batch = max_batch
         self.talker = TalkerModel.from_checkpoint(model_dir, device, dtype)
         self.decoder = load_codec_decoder(model_dir, device, dtype)
         cfg = self.talker.config
@@ -229,20 +237,20 @@ class OfflineSynthesizer:
         if not sampling.HasField("max_new_tokens"):
             sampling.max_new_tokens = self.talker.config.generation.max_new_tokens
         config = EngineConfig(
-            max_slots=MAX_BATCH,
+            max_slots=self.max_batch,
             max_seq_len=sampling.max_new_tokens + PROMPT_POSITIONS,
             device=str(self.device),
             dtype=str(self.dtype).removeprefix("torch."),
         )
         info = talker_info(self.talker, config)
         jobs = self._plan(requests, sampling, effective_model_info(info), segment_tokens)
-        config = dataclasses.replace(config, max_slots=max(1, min(len(jobs), MAX_BATCH)))
+        config = dataclasses.replace(config, max_slots=max(1, min(len(jobs), self.max_batch)))
         inputs = [engine_inputs(job.message, info, self.talker) for job in jobs]
         with TalkerEngine(self.talker, config) as engine:
             generations = engine.generate_all(inputs)
         pieces: list[list[tuple[np.ndarray, np.ndarray, OfflineSegment]]] = [[] for _ in requests]
-        for first in range(0, len(jobs), MAX_BATCH):
-            batch = list(zip(jobs, generations))[first : first + MAX_BATCH]
+        for first in range(0, len(jobs), self.max_batch):
+            batch = list(zip(jobs, generations))[first : first + self.max_batch]
             wavs = self.decoder.decode_utterances(
                 [torch.from_numpy(g.codes) for _, g in batch], [job.prefix for job, _ in batch]
             )
