@@ -472,8 +472,21 @@ static void amx_configure(int rows, int tail_pairs) {
     _tile_loadconfig(&c);
 }
 
+/* The accumulator tiles 0 (and 1 when ``two``) of groups g, g + 1 for rows r0..r0+rows-1 into y,
+   scaled and biased (both AMX kernels' epilogue). */
+static inline void amx_store_groups(const gemv_args* a, float acc[2][AMX_ROWS * G], int two, int g,
+                                    int r0, int rows) {
+    _tile_stored(0, acc[0], 64);
+    if (two) _tile_stored(1, acc[1], 64);
+    for (int i = 0; i <= two; ++i)
+        for (int r = 0; r < rows; ++r) {
+            __m512 v = _mm512_load_ps(acc[i] + r * G);
+            store_group(a->y + (long)(r0 + r) * a->N, a->N, (g + i) * G, 1, &v, a->scale, a->bias);
+        }
+}
+
 static void bf16amx_groups(const gemv_args* a, int begin, int end) {
-    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K;
     long gstride = (long)((K + 1) / 2) * 2 * G;
     int kfull = K & ~31, tail_pairs = (K - kfull + 1) / 2;
     uint16_t xtail[AMX_ROWS * 32] __attribute__((aligned(64)));
@@ -514,13 +527,7 @@ static void bf16amx_groups(const gemv_args* a, int begin, int end) {
                     _tile_dpbf16ps(1, 5, 7);
                 }
             }
-            _tile_stored(0, acc[0], 64);
-            if (two) _tile_stored(1, acc[1], 64);
-            for (int i = 0; i <= two; ++i)
-                for (int r = 0; r < rows; ++r) {
-                    __m512 v = _mm512_load_ps(acc[i] + r * G);
-                    store_group(a->y + (long)(r0 + r) * N, N, (g + i) * G, 1, &v, a->scale, a->bias);
-                }
+            amx_store_groups(a, acc, two, g, r0, rows);
         }
     }
     _tile_release(); /* the tile state back to init: no 8 KiB to save at a context switch */
@@ -586,7 +593,7 @@ static inline void widen_block_i8(const int8_t* wb, int pairs, uint16_t* out) {
 }
 
 static void i8amx_groups(const gemv_args* a, int begin, int end) {
-    const uint16_t* xs = a->x; const int8_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    const uint16_t* xs = a->x; const int8_t* w = a->w; int R = a->R, K = a->K;
     int P = (K + 1) / 2, Kp = (K + 31) & ~31;
     long gstride = (long)P * 2 * G, plane = (long)R * Kp;
     uint16_t wbuf[2][16 * 32] __attribute__((aligned(64)));
@@ -620,13 +627,7 @@ static void i8amx_groups(const gemv_args* a, int begin, int end) {
                     _tile_dpbf16ps(1, 4, 6);
                 }
             }
-            _tile_stored(0, acc[0], 64);
-            if (two) _tile_stored(1, acc[1], 64);
-            for (int i = 0; i <= two; ++i)
-                for (int r = 0; r < rows; ++r) {
-                    __m512 v = _mm512_load_ps(acc[i] + r * G);
-                    store_group(a->y + (long)(r0 + r) * N, N, (g + i) * G, 1, &v, a->scale, a->bias);
-                }
+            amx_store_groups(a, acc, two, g, r0, rows);
         }
     }
     _tile_release();
