@@ -59,6 +59,10 @@ def test_aligner_attributes(aligner: ForcedAligner) -> None:
     assert aligner.model_name == "ckpt" and aligner.num_classes == 256
 
 
+FEATURE_ATOL = 5e-5
+"""Log-mel features against the official processor's, across CPU models (see below)."""
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_matches_official_float32(aligner: ForcedAligner, name: str) -> None:
     case = CASES[name]
@@ -67,8 +71,10 @@ def test_matches_official_float32(aligner: ForcedAligner, name: str) -> None:
     prompt = aligner.prepare(item)
     assert prompt.input_ids == expected["input_ids"].tolist()
     if "features" in expected:
-        # soxr HQ resampling + Whisper log-mel (per utterance) as the official processor
-        np.testing.assert_allclose(prompt.features, expected["features"], rtol=0, atol=1e-5)
+        # soxr HQ resampling + Whisper log-mel (per utterance) as the official processor. The
+        # oracle was recorded on a Zen 4: on a Xeon (family 6 model 167) float32 FFT rounding
+        # moves a log-mel value by up to 1.5e-5 (1 of 25600), so the bound is 5e-5.
+        np.testing.assert_allclose(prompt.features, expected["features"], rtol=0, atol=FEATURE_ATOL)
     assert prompt.features.shape[1] == case["mel_frames"]
     logits = aligner.logits_for_prompts([prompt])[0]
     official = torch.from_numpy(expected["logits"])
