@@ -242,9 +242,8 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
     shape), bf16 weights in a float32 model, norms of another dtype than the model's or of
     different epsilons. The activations' dtype is the norms' (the model's): float32 or
     bfloat16."""
-    lib = library()
     layers = getattr(stack, "layers", None)
-    if lib is None or not hasattr(lib, "stack_forward") or not layers:
+    if not layers:
         return None
     first = layers[0].self_attn
     dtype = layers[0].input_layernorm.weight.dtype
@@ -256,6 +255,9 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
         return None  # beyond the C side's fixed buffers (released models: 128, 2 heads per kv head)
     down_proj = getattr(layers[0].mlp, "down_proj", None)
     if not isinstance(down_proj, GemvLinear):
+        return None  # before the library: a stack of other kernels never builds it
+    lib = library()
+    if lib is None or not hasattr(lib, "stack_forward"):
         return None
     inter = down_proj.in_features
     eps = stack.norm.eps

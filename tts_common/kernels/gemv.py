@@ -75,16 +75,23 @@ def _library() -> ctypes.CDLL | None:
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     target = cache_dir() / f"gemv-{key}.so"
     if not target.exists():
-        target.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory() as tmp:
-            src = Path(tmp) / "gemv.c"
-            src.write_text(LIBRARY_SOURCE)
-            out = Path(tmp) / "gemv.so"
-            proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-            if proc.returncode != 0:
-                logger.warning("GEMV kernel unavailable: %s failed: %s", cc, proc.stderr[-2000:])
-                return None
-            os.replace(out, target)  # atomic: a concurrent build sees the whole file or none
+        try:
+            target.parent.mkdir(parents=True, exist_ok=True)
+            # Built beside its target: os.replace is atomic (a concurrent build sees the whole
+            # file or none) only within one filesystem, and a container's cache volume is not
+            # /tmp's.
+            with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
+                src = Path(tmp) / "gemv.c"
+                src.write_text(LIBRARY_SOURCE)
+                out = Path(tmp) / "gemv.so"
+                proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+                if proc.returncode != 0:
+                    logger.warning("GEMV kernel unavailable: %s failed: %s", cc, proc.stderr[-2000:])
+                    return None
+                os.replace(out, target)
+        except OSError as e:  # a read-only or full cache: the torch path, not a failed start
+            logger.warning("GEMV kernel unavailable: cannot build it into %s: %s", target.parent, e)
+            return None
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
     for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx", "gemv_i8amx"):

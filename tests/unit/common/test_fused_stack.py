@@ -233,6 +233,22 @@ def test_only_stacks_of_one_packed_gemv_get_a_fused_forward() -> None:
     assert stack.fused_stack is None
 
 
+def test_a_stack_of_library_kernels_never_builds_our_library(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # float32 serving (oneDNN) must not compile C at start: a container's cache volume, a
+    # missing compiler or a read-only cache is then never in its way.
+    from tts_common.kernels import fused_stack
+
+    def refuse() -> None:
+        raise AssertionError("the library was built for a stack it cannot fuse")
+
+    monkeypatch.setattr(fused_stack, "library", refuse)
+    stack = DecoderStack(2, 32, 32, 2, 1, 16, 1e-6, 10000.0)
+    table = KernelTable("float32", (1,))
+    table.chosen = dict.fromkeys(linear_shapes(stack), "torch-fp32")
+    use_kernels(stack, table)
+    assert stack.fused_stack is None
+
+
 def test_the_fused_forward_runs_only_for_prefix_attention_in_its_dtype(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     stack = _stack(1, 32, 2, 1, 16, 32, False, "int8")
     assert stack.fused_stack is not None

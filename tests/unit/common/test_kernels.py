@@ -371,3 +371,23 @@ def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
     finally:
         torch.set_num_threads(before)
     assert len(results) == 60 and all(torch.equal(r, alone) for r in results)
+
+
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
+def test_a_cache_it_cannot_build_into_leaves_the_torch_path(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    # Built beside its cache file (os.replace across filesystems fails: a container's volume),
+    # and where even that cannot be written the kernel is unavailable, not a failed start.
+    from tts_common.kernels import gemv as gemv_module
+
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    monkeypatch.setenv(CACHE_ENV, str(blocker / "kernels"))
+    gemv_module._library.cache_clear()
+    try:
+        assert gemv_module._library() is None
+        monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+        gemv_module._library.cache_clear()
+        assert gemv_module._library() is not None
+        assert [p.name for p in (tmp_path / "cache").iterdir() if not p.name.endswith(".so")] == []
+    finally:
+        gemv_module._library.cache_clear()
