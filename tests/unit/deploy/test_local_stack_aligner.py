@@ -58,7 +58,9 @@ def test_without_an_aligner_the_gateway_gets_no_aligner_flag() -> None:
 @given(
     replicas=st.integers(1, 4),
     several=st.booleans(),
-    base=st.integers(1024, 60000),
+    # gRPC ports clear of the fixed metrics ports (9091, 9092 + index): a --base-port near them
+    # clashes with or without the aligner (a known limit of `up`, see the stop 33 note).
+    base=st.one_of(st.integers(1024, 9000), st.integers(9200, 60000)),
     metrics=st.booleans(),
 )
 def test_the_aligner_moves_no_other_port(replicas: int, several: bool, base: int, metrics: bool) -> None:
