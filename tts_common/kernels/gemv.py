@@ -8,7 +8,7 @@ kernel streams each weight once for all rows of the batch and converts it in reg
 weights are pre-packed once (:func:`pack_weight`: groups of 16 output channels, k-major) so each
 thread reads contiguous memory and no output needs a horizontal sum (see :mod:`.gemv_source`).
 
-Build: the C source (:mod:`.gemv_source`) is compiled with the machine's C compiler
+Build: the C source (:data:`LIBRARY_SOURCE`) is compiled with the machine's C compiler
 (``$CC`` or ``cc``, ``-O3 -march=native -pthread``) into a cache directory
 (:func:`tts_common.kernels.cache.cache_dir`), keyed by the source, the compiler flags and the CPU
 model and flags, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
@@ -39,15 +39,18 @@ import torch
 
 from tts_common.cpu_info import cpu_flags, cpu_model
 
+from .amx_source import SOURCE as AMX_SOURCE
 from .cache import cache_dir
-from .gemv_source import SOURCE
+from .gemv_source import SOURCE as GEMV_SOURCE
+from .pool_source import SOURCE as POOL_SOURCE
 from .stack_source import SOURCE as STACK_SOURCE
 
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
-LIBRARY_SOURCE = SOURCE + STACK_SOURCE
-"""What the library compiles: the GEMV and, calling it, the fused decoder stack
+LIBRARY_SOURCE = POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + STACK_SOURCE
+"""What the library compiles, in this order: the work sharing (:mod:`.pool_source`), the GEMV
+kernels (:mod:`.gemv_source`, :mod:`.amx_source`) and, calling them, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
 REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
 """CPU flags the library needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused stack's
