@@ -30,12 +30,18 @@ ROW_HINT = 16
 count works; results do not depend on the hint for >= 2 rows."""
 
 
-def onednn_linear_available() -> bool:
-    """True when this torch build has oneDNN and the packed-linear operators."""
+def onednn_ops_available(*names: str) -> bool:
+    """True when this torch build has oneDNN and every ``torch.ops.mkldnn`` operator ``names``
+    (the pre-packing ones are private and come and go between torch versions)."""
     if not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn
-    return hasattr(ops, "_reorder_linear_weight") and hasattr(ops, "_linear_pointwise")
+    return all(hasattr(ops, name) for name in names)
+
+
+def onednn_linear_available() -> bool:
+    """True when this torch build has oneDNN and the packed-linear operators."""
+    return onednn_ops_available("_reorder_linear_weight", "_linear_pointwise")
 
 
 def packed_linear(

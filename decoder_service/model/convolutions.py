@@ -19,25 +19,27 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_linear
+from tts_common.onednn_linear import ROW_HINT, onednn_ops_available, packed_linear
 
 from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
 
+PACKED_DTYPES = (torch.float32,)
+"""Dtypes whose CPU convolutions and transposed convolutions use a pre-packed oneDNN weight (see
+:func:`_uses_packed_weight`). Not bfloat16: with torch 2.13 its pre-packed 768-channel k7 conv
+took ~330 ms per call whatever the length (a per-call fallback), 10x ``F.conv2d``."""
 
-def _onednn_conv_available() -> bool:
-    """Whether this torch build has oneDNN and its pre-packed convolution operators."""
-    ops = torch.ops.mkldnn
+
+def _uses_packed_weight(x: Tensor, weight: Tensor, *onednn_ops: str) -> bool:
+    """Whether a call on ``x`` multiplies by ``weight`` pre-packed for oneDNN (kept beside the
+    parameter): on CPU, in a :data:`PACKED_DTYPES` dtype shared by both, autograd off, and where
+    this torch build has the ``torch.ops.mkldnn`` operators ``onednn_ops``."""
     return (
-        torch.backends.mkldnn.is_available()
-        and hasattr(ops, "_reorder_convolution_weight")
-        and hasattr(ops, "_convolution_pointwise")
+        x.device.type == "cpu"
+        and x.dtype in PACKED_DTYPES
+        and x.dtype == weight.dtype
+        and not torch.is_grad_enabled()
+        and onednn_ops_available(*onednn_ops)
     )
-
-
-PACKED_CONV_DTYPES = (torch.float32,)
-"""Dtypes whose CPU convolutions use a pre-packed oneDNN weight (see ``CausalConv1d``). Not
-bfloat16: with torch 2.13 its pre-packed 768-channel k7 conv took ~330 ms per call whatever the
-length (a per-call fallback), 10x ``F.conv2d``."""
 
 
 class CausalConv1d(Stateful):
@@ -73,13 +75,7 @@ class CausalConv1d(Stateful):
         conv = self.conv
         x4 = x.unsqueeze(2).contiguous(memory_format=torch.channels_last)
         dilation = [1, conv.dilation[0]]
-        if (
-            x.device.type == "cpu"
-            and x.dtype in PACKED_CONV_DTYPES
-            and x.dtype == conv.weight.dtype
-            and not torch.is_grad_enabled()
-            and _onednn_conv_available()
-        ):
+        if _uses_packed_weight(x, conv.weight, "_reorder_convolution_weight", "_convolution_pointwise"):
             packed = self._packed.get((conv.weight,), self._pack_weight)
             if residual is not None:  # the sum as the kernel's post-op: same bits, one pass less
                 other = residual.unsqueeze(2).contiguous(memory_format=torch.channels_last)
@@ -192,12 +188,7 @@ class CausalConvTranspose1d(Stateful):
         """
         weight = self.conv.weight
         c_in, cols = weight.shape[0], weight.shape[1] * weight.shape[2]
-        if (
-            rows.device.type == "cpu"
-            and rows.dtype == weight.dtype == torch.float32
-            and not torch.is_grad_enabled()
-            and onednn_linear_available()
-        ):
+        if _uses_packed_weight(rows, weight, "_reorder_linear_weight", "_linear_pointwise"):
             packed = self._packed.get(
                 (weight,),
                 lambda: torch.ops.mkldnn._reorder_linear_weight(
