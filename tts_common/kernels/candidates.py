@@ -13,7 +13,11 @@ among them changes only the summation order (last bits), never the model:
 * ``int8`` (weight-only, per-output-channel scales, float32 activations: ``--quantization
   int8``): ``torch-int8`` (``torch._weight_int8pack_mm``), ``gemv-int8`` (ours) and
   ``gemv-int8amx`` (ours on AMX-BF16 tiles, the activations split exactly into three bf16:
-  the same exact products, float32 sums in another order).
+  the same exact products, float32 sums in another order) and ``gemv-int8x4amx`` (ours on
+  AMX-INT8 tiles: each row of activations as four int8 digits under a power-of-two scale, so
+  its sums are exact integers and an activation is kept to 27 bits below its row's largest
+  magnitude, :mod:`.amx_int8_source`; within float32 rounding of the others, closer to the
+  exact sum than they are).
 
 A kept kernel must be batch-invariant: a row's result never depends on the other rows of its
 batch (library kernels that take a separate path for a lone row run it as two rows, as
@@ -38,16 +42,18 @@ from .gemv import (
     GROUP,
     LIBRARY_SOURCE,
     amx_bf16_available,
+    amx_int8_available,
     bf16_dot_available,
     gemv,
     gemv_available,
+    kernel_k_group,
     pack_weight,
 )
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32"),
     "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp", "gemv-bf16amx"),
-    "int8": ("torch-int8", "gemv-int8", "gemv-int8amx"),
+    "int8": ("torch-int8", "gemv-int8", "gemv-int8amx", "gemv-int8x4amx"),
 }
 """Candidate kernels of each family, the library default first."""
 NOT_BATCH_INVARIANT = frozenset({"torch-fp32"})
@@ -144,7 +150,7 @@ class GemvLinear(KernelLinear):
     once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
     dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
     as torch's bf16 GEMM does (the dot-product kernels take them as they are; ``amx``: on
-    AMX-BF16 tiles)."""
+    AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles)."""
 
     def __init__(
         self,
@@ -154,11 +160,13 @@ class GemvLinear(KernelLinear):
         bf16_dot: bool = False,
         rows_layout: bool = False,
         amx: bool = False,
+        x_digits: bool = False,
     ) -> None:
         super().__init__(linear)
-        self.bf16_dot, self.rows_layout, self.amx = bf16_dot, rows_layout, amx
+        self.bf16_dot, self.rows_layout, self.amx, self.x_digits = bf16_dot, rows_layout, amx, x_digits
         if weight_dtype == torch.int8:
-            self.kernel, self.input_dtype = "gemv-int8amx" if amx else "gemv-int8", torch.float32
+            self.kernel = "gemv-int8x4amx" if x_digits else "gemv-int8amx" if amx else "gemv-int8"
+            self.input_dtype = torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
         else:
             self.kernel = (
@@ -172,7 +180,8 @@ class GemvLinear(KernelLinear):
             )
             self.input_dtype = torch.bfloat16
             q, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
-        self._packed = None if rows_layout else pack_weight(q, pairs=bf16_dot or amx)
+        k_group = kernel_k_group(torch.bfloat16 if bf16_dot else torch.float32, q.dtype, amx, x_digits)
+        self._packed = None if rows_layout else pack_weight(q, k_group)
         self.register_buffer("weight", q if rows_layout else self._packed.data)
         self.register_buffer("scale", scale)
         bias = linear.bias
@@ -194,6 +203,7 @@ class GemvLinear(KernelLinear):
             self.bias,
             rows_layout=self.rows_layout,
             amx=self.amx,
+            x_digits=self.x_digits,
         )
         return y if self.input_dtype == torch.float32 else y.to(self.input_dtype)
 
@@ -228,6 +238,7 @@ def fuse_outputs(layers: Sequence[nn.Module | None]) -> GemvLinear | None:
     fused.out_features = sum(layer.out_features for layer in parts)
     fused.kernel, fused.input_dtype = first.kernel, first.input_dtype
     fused.bf16_dot, fused.rows_layout, fused.amx = first.bf16_dot, False, first.amx
+    fused.x_digits = first.x_digits
     weight = cat("weight")
     assert weight is not None
     fused._packed = dataclasses.replace(first._packed, data=weight, out_features=fused.out_features)
@@ -271,6 +282,8 @@ def candidate_available(name: str) -> bool:
         return bf16_dot_available()
     if name in ("gemv-bf16amx", "gemv-int8amx"):
         return amx_bf16_available()
+    if name == "gemv-int8x4amx":
+        return amx_int8_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":
@@ -299,6 +312,8 @@ def make_candidate(
         return GemvLinear(linear, torch.int8, quantized)
     if name == "gemv-int8amx":
         return GemvLinear(linear, torch.int8, quantized, amx=True)
+    if name == "gemv-int8x4amx":
+        return GemvLinear(linear, torch.int8, quantized, x_digits=True)
     if name == "gemv-bf16":
         return GemvLinear(linear, torch.bfloat16)
     if name == "gemv-bf16dp":

@@ -1,7 +1,7 @@
 """One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
-where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8`` or
-``gemv-int8amx`` (``--quantization int8``), ``gemv-bf16``, ``gemv-bf16dp`` or ``gemv-bf16amx``
-(bfloat16).
+where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8``,
+``gemv-int8amx`` or ``gemv-int8x4amx`` (``--quantization int8``), ``gemv-bf16``, ``gemv-bf16dp``
+or ``gemv-bf16amx`` (bfloat16).
 
 Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
 times; with the linears at their memory-bandwidth floor, the ~7000 small torch ops, Python and
@@ -75,8 +75,17 @@ _ERRORS = {
     3: "the head dimension is over 1024, or the heads are not a multiple of the kv heads (at most 64 each)",
     4: "the bf16 dot-product or AMX kernel is not in this build",
 }
-KINDS = {"gemv-int8": 0, "gemv-bf16": 1, "gemv-bf16dp": 2, "gemv-int8amx": 3, "gemv-bf16amx": 4}
+KINDS = {
+    "gemv-int8": 0,
+    "gemv-bf16": 1,
+    "gemv-bf16dp": 2,
+    "gemv-int8amx": 3,
+    "gemv-bf16amx": 4,
+    "gemv-int8x4amx": 5,
+}
 """The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
+INT8_KINDS = frozenset({"gemv-int8", "gemv-int8amx", "gemv-int8x4amx"})
+"""Those with int8 weights and float32 activations: the only ones a float32 stack can run."""
 
 
 @dataclass(frozen=True)
@@ -207,7 +216,7 @@ class FusedStack:
             torch.get_num_threads(),
         )
         if rc == 5:
-            raise MemoryError("fused stack: the int8 AMX kernel could not allocate its split activations")
+            raise MemoryError("fused stack: an int8 AMX kernel could not allocate its converted activations")
         if rc:
             raise ValueError(f"fused stack: {_ERRORS.get(rc, f'error {rc}')}")
         return out.to(dtype)  # exact: bf16 activations are rounded in C
@@ -300,9 +309,7 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
             return None
         # Each linear keeps the kernel the choice kept for its shape; the bf16-weight kernels
         # take bf16 activations only (their family's model dtype).
-        if any(
-            lin.kernel not in ("gemv-int8", "gemv-int8amx") and dtype != torch.bfloat16 for lin in linears
-        ):  # type: ignore[union-attr]
+        if any(lin.kernel not in INT8_KINDS and dtype != torch.bfloat16 for lin in linears):  # type: ignore[union-attr]
             return None
         q, k, v = (qkv_parts * 3)[:3] if len(qkv_parts) == 1 else qkv_parts
         gate, up = (gate_up_parts * 2)[:2] if len(gate_up_parts) == 1 else gate_up_parts

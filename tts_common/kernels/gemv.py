@@ -39,6 +39,7 @@ import torch
 
 from tts_common.cpu_info import cpu_flags, cpu_model
 
+from .amx_int8_source import SOURCE as AMX_INT8_SOURCE
 from .amx_source import SOURCE as AMX_SOURCE
 from .cache import cache_dir
 from .gemv_source import SOURCE as GEMV_SOURCE
@@ -48,9 +49,9 @@ from .stack_source import SOURCE as STACK_SOURCE
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
-LIBRARY_SOURCE = POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + STACK_SOURCE
+LIBRARY_SOURCE = POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE
 """What the library compiles, in this order: the work sharing (:mod:`.pool_source`), the GEMV
-kernels (:mod:`.gemv_source`, :mod:`.amx_source`) and, calling them, the fused decoder stack
+kernels (:mod:`.gemv_source`, :mod:`.amx_source`, :mod:`.amx_int8_source`) and, calling them, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
 REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
 """CPU flags the library needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused stack's
@@ -97,11 +98,12 @@ def _library() -> ctypes.CDLL | None:
             return None
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx", "gemv_i8amx"):
+    allocating = ("gemv_i8amx", "gemv_i8x4amx")  # these return -1 where out of memory
+    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx", *allocating):
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
-            fn.restype = ctypes.c_int if name == "gemv_i8amx" else None  # -1: out of memory
+            fn.restype = ctypes.c_int if name in allocating else None
     lib.stack_workspace.argtypes = [ctypes.c_void_p, ctypes.c_int]
     lib.stack_workspace.restype = ctypes.c_long
     lib.stack_forward.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
@@ -134,6 +136,12 @@ def amx_bf16_available() -> bool:
     return lib is not None and AMX_FLAGS | {"avx512_bf16"} <= cpu_flags() and bool(lib.has_amx_bf16())
 
 
+def amx_int8_available() -> bool:
+    """Whether the kernel has the AMX-INT8 tile kernel (:func:`gemv` with ``x_digits``): as
+    :func:`amx_bf16_available`, and the CPU has AMX-INT8."""
+    return amx_bf16_available() and "amx_int8" in cpu_flags() and bool(_library().has_amx_int8())  # type: ignore[union-attr]
+
+
 def gemv_available() -> bool:
     """Whether the compiled kernel runs on this machine."""
     return _library() is not None
@@ -147,35 +155,47 @@ GROUP = 16
 """Output channels per packed group (one AVX-512 lane each)."""
 
 
+K_GROUP_PAD = {1: 1, 2: 2, 4: 64}
+"""What the input features are zero-padded to a multiple of, by ``k_group``: pairs of k for the
+bf16 dot product, whole 64-k tile blocks for the AMX-INT8 kernel."""
+
+
 @dataclass(frozen=True)
 class PackedWeight:
     """A [N, K] weight in the kernel's packed layout (:func:`pack_weight`)."""
 
     data: torch.Tensor
-    """int8 or bfloat16: ``[ceil(N/16), K, 16]``, or ``[ceil(N/16), ceil(K/2), 16, 2]`` with
-    ``pairs`` (the bf16 dot product); channels and k past the weight's are zero."""
+    """int8 or bfloat16 ``[ceil(N/16), K' / k_group, 16, k_group]``: ``k_group`` consecutive k
+    per output channel, K' the input features padded (:data:`K_GROUP_PAD`); channels and k past
+    the weight's are zero."""
     out_features: int
     in_features: int
-    pairs: bool
+    k_group: int
+    """1 (k-major: the FMA kernels), 2 (pairs of k: the bf16 dot product and AMX-BF16 kernels)
+    or 4 (quads of k, K' a multiple of 64: the AMX-INT8 kernel)."""
 
     @property
     def dtype(self) -> torch.dtype:
         return self.data.dtype
 
 
-def pack_weight(weight: torch.Tensor, pairs: bool = False) -> PackedWeight:
-    """``weight`` [N, K] (int8 or bfloat16) in groups of 16 output channels, k-major (with
-    ``pairs``: pairs of k, for bfloat16 activations), zero-padded."""
+def pack_weight(weight: torch.Tensor, k_group: int = 1) -> PackedWeight:
+    """``weight`` [N, K] (int8 or bfloat16) in groups of 16 output channels, ``k_group``
+    consecutive k per channel (:class:`PackedWeight`), zero-padded."""
     n, k = weight.shape
     n_pad = -(-n // GROUP) * GROUP
-    k_pad = k + (k % 2 if pairs else 0)
+    k_pad = -(-k // K_GROUP_PAD[k_group]) * K_GROUP_PAD[k_group]
     padded = torch.zeros(n_pad, k_pad, dtype=weight.dtype)
     padded[:n, :k] = weight
-    if pairs:
-        data = padded.view(n_pad // GROUP, GROUP, k_pad // 2, 2).permute(0, 2, 1, 3)
-    else:
-        data = padded.view(n_pad // GROUP, GROUP, k_pad).permute(0, 2, 1)
-    return PackedWeight(data.contiguous(), n, k, pairs)
+    data = padded.view(n_pad // GROUP, GROUP, k_pad // k_group, k_group).permute(0, 2, 1, 3)
+    return PackedWeight(data.contiguous(), n, k, k_group)
+
+
+def kernel_k_group(x_dtype: torch.dtype, weight_dtype: torch.dtype, amx: bool, x_digits: bool) -> int:
+    """The packed layout (:attr:`PackedWeight.k_group`) :func:`gemv` runs with these arguments."""
+    if x_digits:
+        return 4
+    return 2 if amx or (x_dtype == torch.bfloat16 and weight_dtype == torch.bfloat16) else 1
 
 
 def gemv(
@@ -186,37 +206,44 @@ def gemv(
     *,
     rows_layout: bool = False,
     amx: bool = False,
+    x_digits: bool = False,
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
     ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required) or bfloat16 [N, K],
-    packed (:func:`pack_weight`; a plain tensor is packed for this call), ``bias`` float32 [N] or
-    None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16 weights uses the bf16
-    dot-product instruction (:func:`bf16_dot_available`): exact products of the same bf16
-    values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight instead (the
-    row-wise kernel, another summation order). ``amx`` runs bf16 or int8 weights on AMX-BF16
-    tiles (:func:`amx_bf16_available`; weights packed with ``pairs``; another summation order):
-    with float32 ``x`` each activation is split into three bf16 (exact), so the int8 products
-    stay exact and are summed in float32 as without ``amx``.
+    packed (:func:`pack_weight` with :func:`kernel_k_group`; a plain tensor is packed for this
+    call), ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16
+    weights uses the bf16 dot-product instruction (:func:`bf16_dot_available`): exact products
+    of the same bf16 values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight
+    instead (the row-wise kernel, another summation order). ``amx`` runs bf16 or int8 weights
+    on AMX-BF16 tiles (:func:`amx_bf16_available`; another summation order): with float32 ``x``
+    each activation is split into three bf16 (exact), so the int8 products stay exact and are
+    summed in float32 as without ``amx``. ``x_digits`` runs int8 weights on AMX-INT8 tiles
+    (:func:`amx_int8_available`) with each row of ``x`` as four int8 digits under a power-of-two
+    scale (:mod:`.amx_int8_source`): exact integer sums, ``x`` to 27 bits below its row's
+    largest magnitude.
     """
     lib = _library()
     if lib is None:
         raise RuntimeError("the GEMV kernel is not available on this machine (see gemv_available)")
     rows, k = x.shape
     bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+    k_group = kernel_k_group(x.dtype, weight.dtype, amx, x_digits)
     if isinstance(weight, PackedWeight):
         n, fan_in = weight.out_features, weight.in_features
-        if rows_layout or weight.pairs != (bf16_dot or amx):
+        if rows_layout or weight.k_group != k_group:
             raise ValueError("this packed weight does not fit the activations' dtype or layout")
     else:
         n, fan_in = weight.shape
     if fan_in != k or not (x.dtype == torch.float32 or bf16_dot):
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight [{n}, {fan_in}] {weight.dtype}")
     if isinstance(weight, torch.Tensor) and not rows_layout:
-        weight = pack_weight(weight, pairs=bf16_dot or amx)
+        weight = pack_weight(weight, k_group)
     data = weight.data if isinstance(weight, PackedWeight) else weight.contiguous()
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=torch.float32)
+    if x_digits and (amx or rows_layout or bf16_dot or weight.dtype != torch.int8):
+        raise ValueError("the AMX-INT8 kernel takes int8 weights and float32 activations only")
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
@@ -232,7 +259,9 @@ def gemv(
             raise ValueError("int8 weights need their per-channel scales")
         if amx and not amx_bf16_available():
             raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles on this machine")
-        fn = lib.gemv_i8amx if amx else lib.gemv_i8
+        if x_digits and not amx_int8_available():
+            raise RuntimeError("the GEMV kernel has no AMX-INT8 tiles on this machine")
+        fn = lib.gemv_i8x4amx if x_digits else lib.gemv_i8amx if amx else lib.gemv_i8
     elif weight.dtype == torch.bfloat16:
         fn = lib.gemv_bf16
     else:
@@ -248,8 +277,8 @@ def gemv(
         n,
         torch.get_num_threads(),
     )
-    if status:  # only gemv_i8amx returns one
-        raise MemoryError("the GEMV kernel could not allocate its split activations")
+    if status:  # only the kernels that allocate return one
+        raise MemoryError("the GEMV kernel could not allocate its converted activations")
     return y
 
 
@@ -269,10 +298,12 @@ __all__ = [
     "LIBRARY_SOURCE",
     "PackedWeight",
     "amx_bf16_available",
+    "amx_int8_available",
     "bf16_dot_available",
     "gemv",
     "gemv_available",
     "gemv_reference",
+    "kernel_k_group",
     "library",
     "pack_weight",
 ]

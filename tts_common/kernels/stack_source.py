@@ -33,7 +33,7 @@ enum {
        P_GU_* is gate, and these the other parts; P_K_W / P_UP_W NULL where fused */
     P_K_W, P_K_SCALE, P_K_BIAS, P_V_W, P_V_SCALE, P_V_BIAS, P_UP_W, P_UP_SCALE, P_COUNT
 };
-enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4 };
+enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4, K_I8X4AMX = 5 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
@@ -229,10 +229,15 @@ static void round_rows(float* y, long n, int bf16) {
 #else
 #define STACK_HAS_AMX 0
 #endif
+#if STACK_HAS_AMX && defined(__AMX_INT8__)
+#define STACK_HAS_AMX_INT8 1
+#else
+#define STACK_HAS_AMX_INT8 0
+#endif
 
 /* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
    room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
-   kernel is not in this build, or 5 where the int8 AMX kernel could not allocate. */
+   kernel is not in this build, or 5 where an int8 AMX kernel could not allocate. */
 static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, const void* w, const void* scale,
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
     const float* sc = (const float*)scale;
@@ -244,6 +249,12 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
     } else if (kind == K_I8AMX) {
 #if STACK_HAS_AMX
         if (gemv_i8amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
+#else
+        return 4;
+#endif
+    } else if (kind == K_I8X4AMX) {
+#if STACK_HAS_AMX_INT8
+        if (gemv_i8x4amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
 #else
         return 4;
 #endif
@@ -334,7 +345,7 @@ long stack_workspace(const stack_desc* d, int R) {
    or bf16). Returns 0, or 1 for a position outside [0, max_len), 2 for a slot outside
    [0, num_slots), 3 for a head_dim over 1024, query heads not a multiple of the kv heads or more
    than 64 to a kv head (all checked before anything is written), 4 for a kernel not built here,
-   5 where the int8 AMX kernel could not allocate (the cache may then hold this call's first
+   5 where an int8 AMX kernel could not allocate (the cache may then hold this call's first
    layers' K/V, which the next write at these positions replaces). */
 int stack_forward(const stack_desc* d, const float* x_in, float* out, const float* cos_t, const float* sin_t,
                   const int64_t* positions, const int64_t* slots, int B, int S,
@@ -344,11 +355,12 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
     for (int i = 0; i < d->layers * KINDS_PER_LAYER; ++i) {
         int kind = d->kinds[i];
-        if (kind < K_I8 || kind > K_BF16AMX) return 4;
+        if (kind < K_I8 || kind > K_I8X4AMX) return 4;
 #ifndef __AVX512BF16__
         if (kind == K_BF16DP) return 4;
 #endif
         if (!STACK_HAS_AMX && (kind == K_I8AMX || kind == K_BF16AMX)) return 4;
+        if (!STACK_HAS_AMX_INT8 && kind == K_I8X4AMX) return 4;
     }
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;

@@ -15,7 +15,7 @@ from talker_service.model.layers import Attention, AttentionSpec, DecoderStack
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.kernels.candidates import candidate_available
 from tts_common.kernels.choice import KernelTable, linear_shapes, use_kernels
-from tts_common.kernels.gemv import amx_bf16_available, bf16_dot_available, library
+from tts_common.kernels.gemv import amx_bf16_available, amx_int8_available, bf16_dot_available, library
 from tts_common.layers import GatedMLP
 
 pytestmark = [
@@ -38,6 +38,15 @@ FAMILIES = {
             "int8-mixed": (torch.float32, "gemv-int8amx+gemv-int8"),
         }
         if amx_bf16_available()
+        else {}
+    ),
+    **(
+        {
+            "int8x4amx": (torch.float32, "gemv-int8x4amx"),
+            "int8x4amx-bf16": (torch.bfloat16, "gemv-int8x4amx"),
+            "int8-mixed-x4": (torch.float32, "gemv-int8x4amx+gemv-int8"),
+        }
+        if amx_int8_available()
         else {}
     ),
 }

@@ -27,16 +27,26 @@ from tts_common.kernels.candidates import (
 )
 from tts_common.kernels.gemv import (
     amx_bf16_available,
+    amx_int8_available,
     bf16_dot_available,
     gemv,
     gemv_available,
     gemv_reference,
+    kernel_k_group,
     pack_weight,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
-TOLERANCE = {"fp32": 1e-5, "bf16": 2e-2, "bf16dp": 2e-2, "bf16amx": 2e-2, "int8": 2e-2, "int8amx": 2e-2}
+TOLERANCE = {
+    "fp32": 1e-5,
+    "bf16": 2e-2,
+    "bf16dp": 2e-2,
+    "bf16amx": 2e-2,
+    "int8": 2e-2,
+    "int8amx": 2e-2,
+    "int8x4amx": 2e-2,
+}
 """Relative tolerance against float32 nn.Linear, by the kernel's precision."""
 
 
@@ -56,9 +66,11 @@ GEMV_KINDS = [
     "bf16",
     *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else []),
     *(["bf16amx", "int8amx"] if amx_bf16_available() else []),
+    *(["int8x4amx"] if amx_int8_available() else []),
 ]
 """Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
-row-wise, and on AMX-BF16 tiles (bf16, and int8 with float32 activations). Each is tested only where the CPU has its instructions (and,
+row-wise, on AMX-BF16 tiles (bf16, and int8 with float32 activations) and on AMX-INT8 tiles
+(int8 with the activations as int8 digits). Each is tested only where the CPU has its instructions (and,
 for AMX, the OS grants the tile state): elsewhere it cannot run and the engine never offers it."""
 
 
@@ -73,16 +85,19 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
     return x, weight, scale, b
 
 
+def _flags(kind: str) -> dict[str, bool]:
+    return {"amx": kind in ("bf16amx", "int8amx"), "x_digits": kind == "int8x4amx"}
+
+
 def _packed(kind: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
-    return (
-        weight
-        if kind == "bf16dp-rows"
-        else pack_weight(weight, pairs=kind in ("bf16dp", "bf16amx", "int8amx"))
-    )
+    if kind == "bf16dp-rows":
+        return weight
+    x_dtype = torch.bfloat16 if kind.startswith("bf16dp") or kind == "bf16amx" else torch.float32
+    return pack_weight(weight, kernel_k_group(x_dtype, weight.dtype, **_flags(kind)))
 
 
 def _run(kind: str, x: torch.Tensor, packed, scale, b) -> torch.Tensor:  # type: ignore[no-untyped-def]
-    return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", amx=kind.endswith("amx"))
+    return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", **_flags(kind))
 
 
 @pytest.mark.skipif(not gemv_available(), reason="no C compiler or no AVX-512 on this machine")
@@ -112,6 +127,53 @@ def test_gemv_equals_its_torch_reference_and_a_row_alone(
     for r in range(rows):
         assert torch.equal(_run(kind, x[r : r + 1], packed, scale, b), got[r : r + 1]), r
         assert torch.equal(_run(kind, x[: r + 1], packed, scale, b), got[: r + 1]), r
+
+
+@pytest.mark.skipif(
+    not amx_int8_available(), reason="no AMX-INT8 on this CPU, or the OS refused the tile state"
+)
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 17),
+    fan_in=st.integers(1, 300),
+    fan_out=st.integers(1, 40),
+    spread=st.integers(0, 40),
+    special=st.sampled_from(["none", "zero", "nan", "inf"]),
+    seed=st.integers(0, 2**16),
+)
+def test_int8_digits_kernel_is_the_exact_sum_of_its_truncated_activations(
+    rows: int, fan_in: int, fan_out: int, spread: int, special: str, seed: int
+) -> None:
+    # gemv-int8x4amx keeps each activation to 2^-27 of its row's largest magnitude (four int8
+    # digits under a power-of-two scale), sums exactly in integers and rounds three times (the
+    # sum to float32, the channel's scale, the bias): rows spanning 2^±40 in magnitude, an
+    # all-zero row (just the bias) and a row with a NaN or an infinity (all NaN, the others
+    # untouched).
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, fan_in, generator=g) * torch.exp2(
+        torch.randint(-spread, spread + 1, (rows, fan_in), generator=g).float()
+    )
+    weight, scale = quantize_int8(torch.randn(fan_out, fan_in, generator=g))
+    b = torch.randn(fan_out, generator=g)
+    odd = rows // 2
+    if special != "none":
+        x[odd] = 0.0 if special == "zero" else x[odd]
+        x[odd, fan_in // 2] = {"zero": 0.0, "nan": float("nan"), "inf": -float("inf")}[special]
+    packed = pack_weight(weight, kernel_k_group(torch.float32, torch.int8, amx=False, x_digits=True))
+    got = gemv(x, packed, scale, b, x_digits=True)
+    w = weight.double() * scale.double()[:, None]
+    exact = x.double() @ w.T + b.double()
+    truncation = x.double().abs().amax(1, keepdim=True) * 2.0**-27 * w.abs().sum(1)
+    rounding = 2.0**-22 * ((exact - b.double()).abs() + exact.abs())
+    finite = [r for r in range(rows) if not (special in ("nan", "inf") and r == odd)]
+    assert (got[finite].double() - exact[finite]).abs().le(truncation[finite] + rounding[finite]).all()
+    if special in ("nan", "inf"):
+        assert got[odd].isnan().all()
+    if special == "zero":
+        assert torch.equal(got[odd], b)
+    for r in range(rows):
+        alone = gemv(x[r : r + 1], packed, scale, b, x_digits=True)
+        assert torch.equal(alone.view(torch.int32), got[r : r + 1].view(torch.int32)), r  # NaN bits too
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -279,7 +341,7 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
 
 FUSABLE_KERNELS = [
     k
-    for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx", "gemv-int8amx")
+    for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx", "gemv-int8amx", "gemv-int8x4amx")
     if candidate_available(k)
 ]
 
