@@ -42,9 +42,10 @@ int has_amx_int8(void) { return has_amx_bf16(); }
 
 static inline __mmask16 x4_mask(int n) { return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1u); }
 
-/* Row r's digits into xd[(DIGITS r + i) Kp + k] (zero past K) and its scale's exponent:
-   x = 2^exponent * sum_i d_i 2^(-7 i) + e, |e| < 2^(exponent - 21). exponent = INT_MIN marks a
-   row with a non-finite value (its digits zero). */
+/* x [R][K] as digits into xd[(DIGITS r + i) Kp + k] (zero past K) and each row's scale
+   exponent: x = 2^exponent * sum_i d_i 2^(-7 i) + e, |e| < 2^(exponent - 21). exponent = INT_MIN
+   marks a row with a non-finite value (its digits zero). On the calling thread: shared between
+   threads it was no faster (side by side). */
 static void x_digits(const float* x, int8_t* xd, int* exponent, int R, int K, int Kp) {
     for (int r = 0; r < R; ++r) {
         const float* xr = x + (long)r * K;
