@@ -280,8 +280,9 @@ def test_noise_drawn_k_steps_at_once_equals_step_by_step(steps_per_draw, steps, 
     generator = torch.Generator().manual_seed(seed)
 
     def gumbel(n: int) -> torch.Tensor:
-        e = torch.empty(n).exponential_(generator=generator)
-        return -torch.log(e.clamp_min(torch.finfo(torch.float32).tiny))
+        u = torch.empty(n).uniform_(generator=generator)  # the draws of one stage, one at a time
+        tiny = torch.finfo(torch.float32).tiny
+        return -torch.log((-torch.log(u.clamp_min(tiny))).clamp_min(tiny))
 
     if talker:
         torch.testing.assert_close(noise.talker(), gumbel(vocab), rtol=0, atol=0)

@@ -26,6 +26,7 @@ from talker_service.model import (
 from talker_service.model.sampling import (
     apply_talker_penalties,
     choose_tokens,
+    gumbel_from_uniform_,
     suppress_mask,
     warp_for_sampling,
 )
@@ -347,7 +348,7 @@ def test_talker_processors_match_transformers() -> None:
 def test_gumbel_sampling_follows_softmax() -> None:
     g = torch.Generator().manual_seed(3)
     logits = torch.tensor([[0.0, 1.0, 2.0, -1.0]]).expand(20000, 4)
-    noise = -torch.log(torch.empty(20000, 4).exponential_(generator=g))
+    noise = gumbel_from_uniform_(torch.empty(20000, 4).uniform_(generator=g))  # the engine's noise
     n = 20000
     picks = choose_tokens(
         logits,
