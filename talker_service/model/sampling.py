@@ -9,8 +9,9 @@ uses temperature/top-k/top-p (``subtalker_*``).
 Sampling uses the Gumbel-max trick, ``argmax(logits / T + g)`` with ``g = -log(E)``,
 ``E = -log(U) ~ Exp(1)``, ``U ~ Uniform[0, 1)``: the same distribution as softmax +
 multinomial, but the randomness is an *input* tensor. (``E`` from ``uniform_`` and a log, not
-``exponential_``: on CPU that draws one value at a time, 6x slower, 6 ms of every 8-row step.) :class:`RequestNoise` draws it per request from the request's own seeded
-``torch.Generator`` so a request's sampled codes are identical whether it runs alone or batched.
+``exponential_``: on CPU that draws one value at a time, 6x slower, 6 ms of every 8-row step.)
+:class:`RequestNoise` draws it per request from the request's own seeded ``torch.Generator`` so
+a request's sampled codes are identical whether it runs alone or batched.
 
 Draw order per request (only the enabled stages draw):
   prefill: one talker draw [talker_vocab] for code0 of frame 0;
