@@ -12,7 +12,9 @@ float32's own rounding of the largest activations.
 Why: at 8 rows the AVX-512 int8 kernel widens each weight and issues 8 FMAs per 16 weights, and
 the AMX-BF16 one (``gemv_i8amx``) widens each weight to bf16 on the way to its tiles; here the
 packed weights go straight from memory into the tiles, and four digits of up to 4 rows fill one
-16-row tile (8 rows two), so 8 rows cost about what one does and one row costs the read.
+16-row tile (8 rows two), so 8 rows cost about 1.2x one row (measured at load on the dev Xeon;
+the FMA kernel's cost 1.7-1.9x) and one row costs the read. The int32 sums are exact up to
+2^31 / 127^2 input features; callers stay within :data:`.gemv.X4_MAX_IN_FEATURES`.
 
 Weights are packed in quads of k (``[Kp/4][16][4]`` int8 per group of 16 outputs, ``Kp`` = K
 rounded up to 64, zero-padded: :func:`.gemv.pack_weight` with ``k_group=4``), so 64 k of a group

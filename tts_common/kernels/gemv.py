@@ -155,6 +155,9 @@ GROUP = 16
 """Output channels per packed group (one AVX-512 lane each)."""
 
 
+X4_MAX_IN_FEATURES = 131072
+"""Input features the AMX-INT8 kernel takes: its int32 sums of int8 products (each at most
+127 * 127 in size) stay exact up to 2^31 / 127^2 = 133144 of them."""
 K_GROUP_PAD = {1: 1, 2: 2, 4: 64}
 """What the input features are zero-padded to a multiple of, by ``k_group``: pairs of k for the
 bf16 dot product, whole 64-k tile blocks for the AMX-INT8 kernel."""
@@ -244,6 +247,8 @@ def gemv(
     y = torch.empty(rows, n, dtype=torch.float32)
     if x_digits and (amx or rows_layout or bf16_dot or weight.dtype != torch.int8):
         raise ValueError("the AMX-INT8 kernel takes int8 weights and float32 activations only")
+    if x_digits and k > X4_MAX_IN_FEATURES:
+        raise ValueError(f"the AMX-INT8 kernel sums at most {X4_MAX_IN_FEATURES} input features (got {k})")
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
@@ -296,6 +301,7 @@ def gemv_reference(
 
 __all__ = [
     "LIBRARY_SOURCE",
+    "X4_MAX_IN_FEATURES",
     "PackedWeight",
     "amx_bf16_available",
     "amx_int8_available",

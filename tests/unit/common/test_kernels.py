@@ -26,6 +26,7 @@ from tts_common.kernels.candidates import (
     quantize_int8,
 )
 from tts_common.kernels.gemv import (
+    X4_MAX_IN_FEATURES,
     amx_bf16_available,
     amx_int8_available,
     bf16_dot_available,
@@ -174,6 +175,16 @@ def test_int8_digits_kernel_is_the_exact_sum_of_its_truncated_activations(
     for r in range(rows):
         alone = gemv(x[r : r + 1], packed, scale, b, x_digits=True)
         assert torch.equal(alone.view(torch.int32), got[r : r + 1].view(torch.int32)), r  # NaN bits too
+
+
+@pytest.mark.skipif(
+    not amx_int8_available(), reason="no AMX-INT8 on this CPU, or the OS refused the tile state"
+)
+def test_int8_digits_kernel_refuses_more_input_features_than_its_int32_sums_hold() -> None:
+    k = X4_MAX_IN_FEATURES + 1
+    weight, scale = torch.ones(16, k, dtype=torch.int8), torch.ones(16)
+    with pytest.raises(ValueError, match="at most"):
+        gemv(torch.ones(1, k), weight, scale, x_digits=True)
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
