@@ -23,7 +23,7 @@ its own tile element, which depends only on its own rows of A: the row count nev
 bit. A row with a non-finite value gives NaN outputs (its digits would mean nothing).
 
 Compiled after :mod:`.amx_source` (its tile configuration type and ``has_amx_bf16``, which asks
-the OS for the tile state AMX-INT8 shares) and :mod:`.gemv_source` (``G``, ``store_group``);
+the OS for the tile state AMX-INT8 shares) and :mod:`.gemv_source` (``G``, ``store_group``, ``tail_mask``);
 where the build lacks AMX-INT8 only ``has_amx_int8`` (returning 0) is defined.
 """
 
@@ -42,8 +42,6 @@ typedef struct { const int8_t* digits; const int* exponent; int Kp; } x4_input;
 
 int has_amx_int8(void) { return has_amx_bf16(); }
 
-static inline __mmask16 x4_mask(int n) { return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? 0 : (__mmask16)((1u << n) - 1u); }
-
 /* x [R][K] as digits into xd[(DIGITS r + i) Kp + k] (zero past K) and each row's scale
    exponent: x = 2^exponent * sum_i d_i 2^(-7 i) + e, |e| < 2^(exponent - 21). exponent = INT_MIN
    marks a row with a non-finite value (its digits zero). On the calling thread: shared between
@@ -55,7 +53,7 @@ static void x_digits(const float* x, int8_t* xd, int* exponent, int R, int K, in
         __m512 m = _mm512_setzero_ps();
         __mmask16 bad = 0;
         for (int k = 0; k < K; k += 16) {
-            __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(x4_mask(K - k), xr + k));
+            __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), xr + k));
             bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf, NaN */
             m = _mm512_max_ps(m, v);
         }
@@ -71,7 +69,7 @@ static void x_digits(const float* x, int8_t* xd, int* exponent, int R, int K, in
         exponent[r] = e - DIGIT_BITS;
         __m512 up = _mm512_set1_ps((float)(DIGIT_BITS - e)), shift = _mm512_set1_ps((float)DIGIT_BITS);
         for (int k = 0; k < Kp; k += 16) {
-            __m512 t = _mm512_scalef_ps(_mm512_maskz_loadu_ps(x4_mask(K - k), xr + k), up);
+            __m512 t = _mm512_scalef_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), xr + k), up);
             for (int i = 0; i < DIGITS; ++i) {
                 __m512 d = _mm512_roundscale_ps(t, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
                 _mm_storeu_si128((__m128i*)(dr + (long)i * Kp + k), _mm512_cvtepi32_epi8(_mm512_cvttps_epi32(d)));

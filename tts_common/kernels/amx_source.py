@@ -152,8 +152,7 @@ static void split_x(const float* x, uint16_t* xs, int R, int K, int Kp) {
     long plane = (long)R * Kp;
     for (int r = 0; r < R; ++r)
         for (int k = 0; k < Kp; k += 16) {
-            int valid = K - k >= 16 ? 16 : K - k > 0 ? K - k : 0;
-            __m512 v = _mm512_maskz_loadu_ps((__mmask16)((1u << valid) - 1u), x + (long)r * K + k);
+            __m512 v = _mm512_maskz_loadu_ps(tail_mask(K - k), x + (long)r * K + k);
             __m256i parts[3];
             for (int i = 0; i < 3; ++i) {
                 parts[i] = (__m256i)_mm512_cvtneps_pbh(v);

@@ -26,7 +26,7 @@ reads bf16 weights faster at one row and slower at eight; the kernel choice meas
 The AMX kernels on the same packed layout are :mod:`.amx_source`; the work sharing (``share``,
 ``gemv_args``) is :mod:`.pool_source`, compiled before this (:data:`.gemv.LIBRARY_SOURCE`).
 Internals other C code may call: ``group_i8``, ``group_bf16``, ``group_bf16dp`` (one group, up
-to ``RB`` rows) and ``store_group``.
+to ``RB`` rows), ``store_group`` and ``tail_mask``.
 """
 
 SOURCE = r"""
@@ -38,6 +38,11 @@ SOURCE = r"""
 #define G 16   /* outputs per packed group: one vector lane each */
 #define RB 8   /* rows per pass over a group: 8 rows x 2 accumulators fill 16 of the 32 registers */
 #define PREFETCH 256  /* k steps ahead (4 KiB of int8): measured best of 0/64/256/512 at 8 rows */
+
+/* Lanes 0..n-1 of 16 (none for n <= 0, all for n >= 16): the masked tail of a row of values. */
+static inline __mmask16 tail_mask(long n) {
+    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
+}
 
 static inline __m512 load_w16_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
@@ -122,8 +127,7 @@ DEFINE_GROUP_PAIR(group_pair_bf16, uint16_t, load_w16_bf16)
 
 static inline void store_group(float* y, long N, int n0, int rows, const __m512* out,
                                const float* scale, const float* bias) {
-    int valid = N - n0 < G ? (int)(N - n0) : G;
-    __mmask16 m = (__mmask16)((1u << valid) - 1u);
+    __mmask16 m = tail_mask(N - n0);
     __m512 s = scale ? _mm512_maskz_loadu_ps(m, scale + n0) : _mm512_set1_ps(1.0f);
     __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + n0) : _mm512_setzero_ps();
     for (int r = 0; r < rows; ++r) {

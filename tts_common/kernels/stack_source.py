@@ -79,8 +79,6 @@ static inline __m512 round_bf16(__m512 v) {
 }
 static inline __m512 rnd(__m512 v, int bf16) { return bf16 ? round_bf16(v) : v; }
 
-static inline __mmask16 tail_mask(long n) { return n >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << n) - 1u); }
-
 /* 16 cache values as float32 (a bf16 cache widened exactly) */
 static inline __m512 load_kv(__mmask16 m, const void* base, long i, int bf16) {
     if (!bf16) return _mm512_maskz_loadu_ps(m, (const float*)base + i);
