@@ -22,6 +22,8 @@ Only CPU float32 modules are converted; CUDA and bfloat16 keep ``nn.Linear``.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import nn
 
@@ -30,9 +32,11 @@ ROW_HINT = 16
 count works; results do not depend on the hint for >= 2 rows."""
 
 
+@functools.cache
 def onednn_ops_available(*names: str) -> bool:
     """True when this torch build has oneDNN and every ``torch.ops.mkldnn`` operator ``names``
-    (the pre-packing ones are private and come and go between torch versions)."""
+    (the pre-packing ones are private and come and go between torch versions). Cached: the
+    decoder's convolutions ask on every call."""
     if not torch.backends.mkldnn.is_available():
         return False
     ops = torch.ops.mkldnn

@@ -240,15 +240,15 @@ def gemv(
         n, fan_in = weight.shape
     if fan_in != k or not (x.dtype == torch.float32 or bf16_dot):
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight [{n}, {fan_in}] {weight.dtype}")
+    if x_digits and (amx or rows_layout or bf16_dot or weight.dtype != torch.int8):
+        raise ValueError("the AMX-INT8 kernel takes int8 weights and float32 activations only")
+    if x_digits and k > X4_MAX_IN_FEATURES:
+        raise ValueError(f"the AMX-INT8 kernel sums at most {X4_MAX_IN_FEATURES} input features (got {k})")
     if isinstance(weight, torch.Tensor) and not rows_layout:
         weight = pack_weight(weight, k_group)
     data = weight.data if isinstance(weight, PackedWeight) else weight.contiguous()
     x = x.contiguous()
     y = torch.empty(rows, n, dtype=torch.float32)
-    if x_digits and (amx or rows_layout or bf16_dot or weight.dtype != torch.int8):
-        raise ValueError("the AMX-INT8 kernel takes int8 weights and float32 activations only")
-    if x_digits and k > X4_MAX_IN_FEATURES:
-        raise ValueError(f"the AMX-INT8 kernel sums at most {X4_MAX_IN_FEATURES} input features (got {k})")
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
