@@ -391,9 +391,20 @@ def port_taken(host: str, port: int) -> bool:
 
 
 def busy_port(stages: list[StageProcess]) -> str | None:
-    """Why the stack cannot start here, naming the first port already taken and the flag that
-    moves it, or None when every port is free (two stacks on one machine must not share ports:
-    requests would reach the other stack's processes)."""
+    """Why the stack cannot start here, naming the first port two of its own processes want or
+    one already taken, and the flag that moves it; None when every port is free (two stacks on
+    one machine must not share ports: requests would reach the other stack's processes).
+
+    Its own ports can meet when ``--base-port`` puts the consecutive stage ports on the fixed
+    metrics ports (9091 on): the second process to bind would fail after the first had started."""
+    wanted: dict[int, tuple[str, str]] = {}
+    for stage in stages:
+        for _, port, flag in listeners(stage):
+            if port in wanted:
+                other, other_flag = wanted[port]
+                movable = other_flag if flag == "--metrics" else flag
+                return f"port {port} is wanted by both {other} and {stage.name} of this stack: {PORT_ADVICE[movable]}"
+            wanted[port] = (stage.name, flag)
     for stage in stages:
         for host, port, flag in listeners(stage):
             if port_taken(host, port):

@@ -137,6 +137,34 @@ def test_stage_ports_name_base_port_and_metrics_name_metrics() -> None:
     assert {h for s in stages for h, p, _ in listeners(s) if p >= 9091 and p < 9100} == {"0.0.0.0"}
 
 
+def test_stage_ports_on_the_metrics_ports_are_refused_naming_both_processes() -> None:
+    """``up --replicas 2 --metrics --base-port 9088``: the stage ports run 9088-9092, the metrics
+    ports 9091 on (the talker's 9092), so decoder-2's port is the talker's metrics port; ``up``
+    refuses before starting anything, naming the port, both processes and the flag that moves
+    it."""
+    message = busy_port(_up_stages(9088, free_port(), free_port(), metrics=True))
+    assert message == (
+        "port 9092 is wanted by both talker and decoder-2 of this stack: "
+        + "move the stage ports with --base-port (the stages use consecutive ports from it)"
+    )
+
+
+@given(base=st.integers(9080, 9100), replicas=st.integers(1, 3), metrics=st.booleans())
+@settings(max_examples=30, deadline=None)
+def test_up_refuses_exactly_the_stacks_whose_processes_want_one_port(
+    base: int, replicas: int, metrics: bool
+) -> None:
+    stages = stage_commands(Path("/m"), "127.0.0.1", 50051, base, None, metrics, replicas, http_port=0)
+    ports = [p for s in stages for _, p, _ in listeners(s)]
+    repeated = sorted({p for p in ports if ports.count(p) > 1})
+    message = busy_port(stages)
+    if repeated:
+        assert message is not None and "is wanted by both" in message
+        assert int(message.split()[1]) in repeated
+    else:
+        assert message is None or "is already in use" in message  # a port this machine holds
+
+
 def test_a_port_in_time_wait_is_not_taken() -> None:
     """A stack stopped a moment ago leaves connections in TIME_WAIT on its ports; the servers
     bind over them (SO_REUSEADDR), so ``up`` must not refuse them."""
