@@ -18,7 +18,9 @@ Each output sums in one order whatever the rows: two accumulators by k mod 2 (pa
 dot product), then ``a0 + a1``; the scale and bias are applied after. So a row's result never
 depends on its batch or which rows share its pass. Groups are shared, two at a time, between the
 calling thread and our own workers (:mod:`.pool_source`; each output is computed alone, so the
-split never changes a bit).
+split never changes a bit). A thread runs one group at a time, so it streams one contiguous run
+of weights: at one and two rows, two groups at once (more FMA chains) read 10-25% slower on the
+dev EPYC (Zen 4), weights in L3 or not (side by side in one process, 15-40 rounds).
 
 ``gemv_bf16dp_rows`` keeps the row-wise dot-product kernel (weights as given): on the dev EPYC it
 reads bf16 weights faster at one row and slower at eight; the kernel choice measures both.
@@ -57,8 +59,9 @@ static inline __m512 load_w16_bf16(const uint16_t* p) {
    order, then a0 + a1: one order per output, for any row count.
    Two accumulators (not four) so that all 8 rows of a pass stay in registers: one weight load and
    widening then serves 8 FMAs, and 8 rows cost one pass over the weights; at one row two chains
-   of FMAs still retire 16 weights every 2 cycles, above what memory delivers. Lines are
-   prefetched one by one (the bf16 stream has two per 4 k). */
+   of FMAs still retire 16 weights every 2 cycles, above what memory delivers (and more chains,
+   two groups at once, measured slower). Lines are prefetched one by one (the bf16 stream has two
+   per 4 k). */
 #define DEFINE_GROUP(NAME, WT, LOADW)                                                          \
 static inline __attribute__((always_inline))                                                   \
 void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {                      \
@@ -85,46 +88,6 @@ void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {      
 DEFINE_GROUP(group_i8, int8_t, load_w16_i8)
 DEFINE_GROUP(group_bf16, uint16_t, load_w16_bf16)
 
-/* Two adjacent groups at once for one or two rows, each output summed exactly as DEFINE_GROUP
-   sums it (so a row's bits do not depend on which path ran it): four or eight chains of FMAs
-   instead of two, as at one row two chains held the int8 kernel to ~80% of the four-chain
-   kernel's speed on weights in cache (the code predictor's layers stay in a large L3). */
-#define DEFINE_GROUP_PAIR(NAME, WT, LOADW)                                                     \
-static inline __attribute__((always_inline))                                                   \
-void NAME(const float* x, const WT* wg, long gstride, int rows, int K, __m512 out[2][2]) {      \
-    __m512 acc[2][2][2];                                                                       \
-    for (int i = 0; i < 2; ++i)                                                                \
-        for (int r = 0; r < 2; ++r) acc[i][r][0] = acc[i][r][1] = _mm512_setzero_ps();        \
-    int k = 0;                                                                                 \
-    for (; k + 4 <= K; k += 4) {                                                               \
-        for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64) {                              \
-            _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
-            _mm_prefetch((const char*)(wg + gstride + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0); \
-        }                                                                                      \
-        for (int j = 0; j < 4; ++j) {                                                          \
-            __m512 w0 = LOADW(wg + (long)(k + j) * G), w1 = LOADW(wg + gstride + (long)(k + j) * G); \
-            for (int r = 0; r < rows; ++r) {                                                   \
-                __m512 xv = _mm512_set1_ps(x[(long)r * K + k + j]);                            \
-                acc[0][r][j & 1] = _mm512_fmadd_ps(xv, w0, acc[0][r][j & 1]);                  \
-                acc[1][r][j & 1] = _mm512_fmadd_ps(xv, w1, acc[1][r][j & 1]);                  \
-            }                                                                                  \
-        }                                                                                      \
-    }                                                                                          \
-    for (; k < K; ++k) {                                                                       \
-        __m512 w0 = LOADW(wg + (long)k * G), w1 = LOADW(wg + gstride + (long)k * G);           \
-        for (int r = 0; r < rows; ++r) {                                                       \
-            __m512 xv = _mm512_set1_ps(x[(long)r * K + k]);                                    \
-            acc[0][r][k & 1] = _mm512_fmadd_ps(xv, w0, acc[0][r][k & 1]);                      \
-            acc[1][r][k & 1] = _mm512_fmadd_ps(xv, w1, acc[1][r][k & 1]);                      \
-        }                                                                                      \
-    }                                                                                          \
-    for (int i = 0; i < 2; ++i)                                                                \
-        for (int r = 0; r < rows; ++r) out[i][r] = _mm512_add_ps(acc[i][r][0], acc[i][r][1]);  \
-}
-
-DEFINE_GROUP_PAIR(group_pair_i8, int8_t, load_w16_i8)
-DEFINE_GROUP_PAIR(group_pair_bf16, uint16_t, load_w16_bf16)
-
 static inline void store_group(float* y, long N, int n0, int rows, const __m512* out,
                                const float* scale, const float* bias) {
     __mmask16 m = tail_mask(N - n0);
@@ -138,19 +101,10 @@ static inline void store_group(float* y, long N, int n0, int rows, const __m512*
 }
 
 
-#define DEFINE_KERNEL(NAME, GROUP, GROUP_PAIR, WT)                                             \
+#define DEFINE_KERNEL(NAME, GROUP, WT)                                                         \
 static void NAME##_groups(const gemv_args* a, int begin, int end) {                            \
     const float* x = a->x; const WT* w = a->w; int R = a->R, K = a->K, N = a->N;               \
-    int g = begin;                                                                             \
-    for (; R <= 2 && g + 2 <= end; g += 2) {                                                   \
-        __m512 out[2][2];                                                                      \
-        const WT* wg = w + (long)g * K * G;                                                    \
-        if (R == 2) GROUP_PAIR(x, wg, (long)K * G, 2, K, out);                                 \
-        else GROUP_PAIR(x, wg, (long)K * G, 1, K, out);                                        \
-        store_group(a->y, N, g * G, R, out[0], a->scale, a->bias);                             \
-        store_group(a->y, N, (g + 1) * G, R, out[1], a->scale, a->bias);                       \
-    }                                                                                          \
-    for (; g < end; ++g) {                                                                     \
+    for (int g = begin; g < end; ++g) {                                                        \
         const WT* wg = w + (long)g * K * G;                                                    \
         for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
@@ -177,8 +131,8 @@ void NAME(const float* x, const WT* w, const float* scale, const float* bias, fl
     share(NAME##_groups, &a, (N + G - 1) / G, 2, nthreads);                                    \
 }
 
-DEFINE_KERNEL(gemv_i8, group_i8, group_pair_i8, int8_t)
-DEFINE_KERNEL(gemv_bf16, group_bf16, group_pair_bf16, uint16_t)
+DEFINE_KERNEL(gemv_i8, group_i8, int8_t)
+DEFINE_KERNEL(gemv_bf16, group_bf16, uint16_t)
 
 #ifdef __AVX512BF16__
 /* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
