@@ -2,7 +2,9 @@
 implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpoint.
 
 For every ``--dtypes`` entry (default ``float32,auto,int8``; ``auto`` resolved as the stages
-resolve it, by measurement; ``int8`` = float32 with ``--quantization int8``):
+resolve it, by measurement; ``int8`` = float32 with ``--quantization int8``; ``<dtype>+int8``
+that dtype with ``--quantization int8``, e.g. ``auto+int8``: int8 weights, the activations and
+the decoder in the ``auto`` dtype):
 
 * offline: ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and decoder in this
   process), its linear kernels chosen first for batches up to ``--batch`` (the kernel table is
@@ -420,7 +422,7 @@ def main() -> None:
     ap.add_argument(
         "--dtypes",
         default="float32,auto,int8",
-        help="float32, bfloat16, auto; int8 = float32 weights quantized",
+        help="float32, bfloat16, auto; int8 = float32 weights quantized; <dtype>+int8: that dtype, quantized",
     )
     ap.add_argument("--batch", type=int, default=8, help="offline: requests at once against one")
     ap.add_argument("--repeats", type=int, default=3, help="offline: talker timings per figure (median)")
@@ -459,8 +461,11 @@ def main() -> None:
     print(json.dumps(report["machine"], indent=2), flush=True)
     measured: dict[tuple[str, str], str] = {}
     for name in opts.dtypes.split(","):
-        quantization = "int8" if name == "int8" else "none"
-        dtype = "float32" if name == "int8" else resolve_dtype(name, "cpu")
+        base, plus, quantization = ("float32+int8" if name == "int8" else name).partition("+")
+        if plus and quantization != "int8":
+            ap.error(f"--dtypes {name}: only +int8 quantizes")
+        quantization = quantization or "none"
+        dtype = resolve_dtype(base, "cpu")
         print(f"== --dtype {name} ({dtype}, quantization {quantization})", flush=True)
         if (dtype, quantization) in measured:  # e.g. auto measured float32: float32 again
             report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype, quantization]}
