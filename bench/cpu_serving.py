@@ -297,21 +297,16 @@ def resident(stages: list[StageProcess]) -> dict[str, float]:
     }
 
 
-def load_args(gateway: str, speaker: str, max_new_tokens: int, concurrency: int, requests: int):
-    return argparse.Namespace(
-        gateway=gateway,
-        mode="closed",
-        concurrency=concurrency,
-        requests=requests,
-        rate=1.0,
-        duration=0.0,
-        speaker=speaker,
-        voice_id=None,
-        language="english",
-        max_new_tokens=max_new_tokens,
-        deadline=1800.0,
-        metadata=(),
-        seed=concurrency,
+def load_args(
+    gateway: str, speaker: str, max_new_tokens: int, concurrency: int, requests: int
+) -> argparse.Namespace:
+    """A closed-loop ``bench/load.py`` run of ``requests`` requests, ``concurrency`` at a time."""
+    return load.parse_args(
+        [
+            *("--gateway", gateway, "--mode", "closed", "--concurrency", str(concurrency)),
+            *("--requests", str(requests), "--speaker", speaker, "--language", "english"),
+            *("--max-new-tokens", str(max_new_tokens), "--deadline", "1800", "--seed", str(concurrency)),
+        ]
     )
 
 

@@ -168,7 +168,8 @@ def svg_plot(results: list[Result], path: Path) -> None:
     path.write_text("\n".join(lines))
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The flags of a load run (also how other benches spell one: ``bench/cpu_serving.py``)."""
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateway", default="127.0.0.1:50051")
     ap.add_argument("--mode", choices=["open", "closed"], default="closed")
@@ -186,8 +187,18 @@ def main() -> None:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--json", type=Path)
     ap.add_argument("--plot", type=Path)
-    args = ap.parse_args()
+    return ap
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """``argv`` (default: the command line) as a load run's arguments, ``metadata`` included."""
+    args = build_parser().parse_args(argv)
     args.metadata = [("authorization", f"Bearer {args.api_key}")] if args.api_key else None
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     report, results = asyncio.run(run(args))
     print(json.dumps(asdict(report), indent=2))
     if args.json:
