@@ -15,13 +15,25 @@ from qwen3_tts.local_stack import (
     StageProcess,
     free_port,
     on_free_ports,
+    port_taken,
     stage_commands,
     start_in,
     stop_all,
     wait_until_serving,
 )
 
-__all__ = ["PYTHON", "RunningStack", "free_port", "running_stack", "start_up", "wait_for"]
+__all__ = ["PYTHON", "RunningStack", "free_base_port", "free_port", "running_stack", "start_up", "wait_for"]
+
+
+def free_base_port(count: int = 8) -> int:
+    """A ``qwen3-tts up --base-port`` whose ``count`` consecutive ports are all free on loopback
+    now (the stages take consecutive ports from it: a free base alone let a later stage's port be
+    one another process held, and ``up`` rightly refused)."""
+    for _ in range(200):
+        base = free_port()
+        if base + count <= 65536 and not any(port_taken("127.0.0.1", base + i) for i in range(1, count)):
+            return base
+    raise RuntimeError(f"no {count} consecutive free ports on loopback")
 
 
 @dataclass

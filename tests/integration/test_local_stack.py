@@ -29,7 +29,7 @@ import soundfile as sf
 from qwen3_tts.chaos import TOLERANCE
 from qwen3_tts.local_stack import is_serving, stage_commands
 from tests.helpers.fixtures import CKPT_DIR
-from tests.helpers.stack import free_port, start_up
+from tests.helpers.stack import free_base_port, free_port, start_up
 from tests.helpers.synthesis import responses_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -59,7 +59,7 @@ def _start_up(
     sigint_ignored: bool = False, replicas: int = 1, cmd: list[str] | None = None
 ) -> tuple[subprocess.Popen[str], list[str]]:
     """``qwen3-tts up`` on free ports, once it is up; with the lines it printed then."""
-    return start_up(cmd or _up_command(free_port(), free_port(), free_port(), replicas), sigint_ignored)
+    return start_up(cmd or _up_command(free_base_port(), free_port(), free_port(), replicas), sigint_ignored)
 
 
 def _group_gone(pgid: int, timeout: float) -> bool:
@@ -153,7 +153,7 @@ class Output:
 def test_a_stage_process_that_dies_is_restarted_and_the_gateway_s_death_stops_the_stack() -> None:
     """One replica per stage: the killed talker comes back (a new process, SERVING, the stack
     serves again); only the gateway's exit stops ``up``, with exit status 1."""
-    base, port = free_port(), free_port()
+    base, port = free_base_port(), free_port()
     proc, _ = _start_up(cmd=_up_command(base, port, free_port()))
     output = Output()
     reader = output.drain(proc)
@@ -178,7 +178,7 @@ def test_a_stage_process_that_dies_is_restarted_and_the_gateway_s_death_stops_th
 def two_replicas() -> Iterator[tuple[subprocess.Popen[str], dict[str, int], Output]]:
     """``qwen3-tts up --replicas 2`` on free ports: (process, process name -> port, its output).
     Stopped with Ctrl-C at the end, which must still exit 0."""
-    base, port, http_port = free_port(), free_port(), free_port()
+    base, port, http_port = free_base_port(), free_port(), free_port()
     proc, _ = _start_up(replicas=2, cmd=_up_command(base, port, http_port, replicas=2))
     ports = {
         s.name: s.port for s in stage_commands(MODEL, "127.0.0.1", port, base, None, False, 2, http_port)

@@ -30,7 +30,7 @@ import openai
 import pytest
 from websockets.asyncio.client import connect
 
-from tests.helpers.stack import free_port, start_up
+from tests.helpers.stack import free_base_port, free_port, start_up
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
 SEED = 20260
@@ -88,7 +88,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ports: dict[str, Any] = {"grpc": free_port(), "http": free_port(), "dev": root / "dev"}
     cmd = [
         sys.executable, "-m", "qwen3_tts.cli", "up", "--dev-model-dir", str(root / "dev"),
-        "--port", str(ports["grpc"]), "--base-port", str(free_port()), "--http-port", str(ports["http"]),
+        "--port", str(ports["grpc"]), "--base-port", str(free_base_port()), "--http-port", str(ports["http"]),
         "--voices-db", str(root / "voices.db"),
     ]  # fmt: skip
     proc, printed = start_up(cmd, timeout=300)
