@@ -20,7 +20,6 @@ import argparse
 import ctypes
 import hashlib
 import statistics
-import subprocess
 import tempfile
 import time
 from pathlib import Path
@@ -29,7 +28,7 @@ import torch
 
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.candidates import quantize_int8
-from tts_common.kernels.gemv import CFLAGS, LIBRARY_SOURCE, pack_weight
+from tts_common.kernels.gemv import LIBRARY_SOURCE, compile_library, pack_weight
 
 SHAPES = ((1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024))
 """(in, out) of one talker layer's calls with q/k/v and gate/up fused."""
@@ -38,10 +37,10 @@ KERNELS = {"int8": "gemv_i8", "bf16dp": "gemv_bf16dp"}
 
 def build(source: str, work: Path) -> ctypes.CDLL:
     """The library compiled from ``source`` as the package compiles it."""
-    name = hashlib.sha256(source.encode()).hexdigest()[:12]
-    src, lib = work / f"{name}.c", work / f"{name}.so"
-    src.write_text(source)
-    subprocess.run(["gcc", *CFLAGS, str(src), "-o", str(lib)], check=True)
+    lib = work / f"{hashlib.sha256(source.encode()).hexdigest()[:12]}.so"
+    error = compile_library(source, lib)
+    if error is not None:
+        raise SystemExit(f"cannot build a version: {error}")
     return ctypes.CDLL(str(lib))
 
 

@@ -62,6 +62,19 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
+def compile_library(source: str, out: Path, cc: str | None = None) -> str | None:
+    """Compile C ``source`` into the shared library ``out`` as the kernels are built (:data:`CFLAGS`
+    with ``cc``, default ``$CC``, cc or gcc; the source is written beside ``out``): None, or why
+    it failed."""
+    cc = cc or _compiler()
+    if cc is None:
+        return "no C compiler ($CC, cc, gcc)"
+    src = out.with_suffix(".c")
+    src.write_text(source)
+    proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+    return None if proc.returncode == 0 else f"{cc} failed: {proc.stderr[-2000:]}"
+
+
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built once per machine (None where it cannot be built)."""
@@ -85,12 +98,10 @@ def _library() -> ctypes.CDLL | None:
             # file or none) only within one filesystem, and a container's cache volume is not
             # /tmp's.
             with tempfile.TemporaryDirectory(dir=target.parent) as tmp:
-                src = Path(tmp) / "gemv.c"
-                src.write_text(LIBRARY_SOURCE)
                 out = Path(tmp) / "gemv.so"
-                proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
-                if proc.returncode != 0:
-                    logger.warning("GEMV kernel unavailable: %s failed: %s", cc, proc.stderr[-2000:])
+                error = compile_library(LIBRARY_SOURCE, out, cc)
+                if error is not None:
+                    logger.warning("GEMV kernel unavailable: %s", error)
                     return None
                 os.replace(out, target)
         except OSError as e:  # a read-only or full cache: the torch path, not a failed start
@@ -306,6 +317,7 @@ __all__ = [
     "amx_bf16_available",
     "amx_int8_available",
     "bf16_dot_available",
+    "compile_library",
     "gemv",
     "gemv_available",
     "gemv_reference",
