@@ -397,21 +397,17 @@ def busy_port(stages: list[StageProcess]) -> str | None:
 
     Its own ports can meet when ``--base-port`` puts the consecutive stage ports on the fixed
     metrics ports (9091 on): the second process to bind would fail after the first had started."""
+    found = [(stage.name, host, port, flag) for stage in stages for host, port, flag in listeners(stage)]
     wanted: dict[int, tuple[str, str]] = {}
-    for stage in stages:
-        for _, port, flag in listeners(stage):
-            if port in wanted:
-                other, other_flag = wanted[port]
-                movable = other_flag if flag == "--metrics" else flag
-                return f"port {port} is wanted by both {other} and {stage.name} of this stack: {PORT_ADVICE[movable]}"
-            wanted[port] = (stage.name, flag)
-    for stage in stages:
-        for host, port, flag in listeners(stage):
-            if port_taken(host, port):
-                return (
-                    f"port {port} ({stage.name}) is already in use on {host} (another "
-                    f"`qwen3-tts up`?): {PORT_ADVICE[flag]}"
-                )
+    for name, _, port, flag in found:
+        if port in wanted:
+            other, other_flag = wanted[port]
+            movable = other_flag if flag == "--metrics" else flag
+            return f"port {port} is wanted by both {other} and {name} of this stack: {PORT_ADVICE[movable]}"
+        wanted[port] = (name, flag)
+    for name, host, port, flag in found:
+        if port_taken(host, port):
+            return f"port {port} ({name}) is already in use on {host} (another `qwen3-tts up`?): {PORT_ADVICE[flag]}"
     return None
 
 
