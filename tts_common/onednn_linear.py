@@ -43,9 +43,23 @@ def onednn_ops_available(*names: str) -> bool:
     return all(hasattr(ops, name) for name in names)
 
 
-def onednn_linear_available() -> bool:
-    """True when this torch build has oneDNN and the packed-linear operators."""
-    return onednn_ops_available("_reorder_linear_weight", "_linear_pointwise")
+@functools.cache
+def onednn_linear_available(dtype: torch.dtype = torch.float32) -> bool:
+    """True when this torch build has oneDNN and the packed-linear operators, and they run
+    ``dtype`` on this CPU. oneDNN's bfloat16 path refuses CPUs without AVX512-BW/VL/DQ or
+    AVX-NE-CONVERT (an AVX2-only EPYC: "bf16 path needs the cpu support ..."), which no flag
+    list here would track across torch versions, so it is asked once by packing and running a
+    small layer."""
+    if not onednn_ops_available("_reorder_linear_weight", "_linear_pointwise"):
+        return False
+    if dtype == torch.float32:
+        return True
+    try:
+        weight = torch.ops.mkldnn._reorder_linear_weight(torch.zeros(16, 16, dtype=dtype), ROW_HINT)
+        packed_linear(torch.zeros(2, 16, dtype=dtype), weight, None, 16, 16)
+    except RuntimeError:
+        return False
+    return True
 
 
 def packed_linear(

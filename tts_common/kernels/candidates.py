@@ -277,7 +277,7 @@ def kernel_revision(name: str) -> str:
 def candidate_available(name: str) -> bool:
     """Whether kernel ``name`` runs on this machine and torch build."""
     if name.startswith("onednn"):
-        return onednn_linear_available()
+        return onednn_linear_available(torch.float32 if name == "onednn-fp32" else torch.bfloat16)
     if name in ("gemv-bf16dp", "gemvrow-bf16dp"):
         return bf16_dot_available()
     if name in ("gemv-bf16amx", "gemv-int8amx"):

@@ -54,3 +54,32 @@ def test_conversion_keeps_state_dict_keys_and_skips_other_dtypes() -> None:
     half = nn.Sequential(nn.Linear(4, 4)).to(torch.bfloat16)
     assert use_onednn_linears(half) == 0
     assert type(half[0]) is nn.Linear
+
+
+def test_bf16_is_available_only_where_onednn_runs_it_on_this_cpu(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """oneDNN's bf16 packing raises on CPUs without AVX512-BW/VL/DQ or AVX-NE-CONVERT (an
+    AVX2-only EPYC): the kernel choice must then leave ``onednn-bf16`` out, not fail to start."""
+    from tts_common.kernels.candidates import candidate_available
+    from tts_common.kernels.choice import time_kernels
+
+    real = torch.ops.mkldnn._reorder_linear_weight
+
+    def reorder(weight: torch.Tensor, *args: object) -> torch.Tensor:
+        if weight.dtype == torch.bfloat16:
+            raise RuntimeError("mkldnn_reorder_linear_weight: bf16 path needs the cpu support ...")
+        return real(weight, *args)
+
+    class Ops:
+        def __getattr__(self, name: str) -> object:
+            return reorder if name == "_reorder_linear_weight" else getattr(torch.ops.mkldnn, name)
+
+    monkeypatch.setattr(torch.ops, "mkldnn", Ops(), raising=False)
+    onednn_linear_available.cache_clear()
+    try:
+        assert onednn_linear_available(torch.float32) and not onednn_linear_available(torch.bfloat16)
+        assert candidate_available("onednn-fp32") and not candidate_available("onednn-bf16")
+        timed = time_kernels(["torch-bf16", "onednn-bf16"], (32, 16, False), [1, 2], repeat=1)
+        assert set(timed) == {"torch-bf16"}
+    finally:
+        monkeypatch.undo()
+        onednn_linear_available.cache_clear()
