@@ -12,6 +12,7 @@ Each version has its own worker pool; the idle one sleeps within a few hundred m
 
     git stash && python bench/kernel_ab.py --dump /tmp/before.c && git stash pop
     python bench/kernel_ab.py before=/tmp/before.c now --kernel int8 --rows 1 --rounds 15
+    python bench/kernel_ab.py now --kernel bf16 --rows 8 --rounds 5   # one version: its GB/s
 """
 
 from __future__ import annotations
@@ -32,7 +33,8 @@ from tts_common.kernels.gemv import LIBRARY_SOURCE, compile_library, pack_weight
 
 SHAPES = ((1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024))
 """(in, out) of one talker layer's calls with q/k/v and gate/up fused."""
-KERNELS = {"int8": "gemv_i8", "bf16dp": "gemv_bf16dp"}
+KERNELS = {"int8": "gemv_i8", "bf16": "gemv_bf16", "bf16dp": "gemv_bf16dp"}
+"""``--kernel``: int8 or bf16 weights with float32 activations (FMAs), or bf16 both (the dot product)."""
 
 
 def build(source: str, work: Path) -> ctypes.CDLL:
@@ -57,7 +59,7 @@ def make_layers(
                 q, scale = quantize_int8(w)
                 out.append((pack_weight(q, 1).data, scale, k, n))
             else:
-                out.append((pack_weight(w.to(torch.bfloat16), 2).data, None, k, n))
+                out.append((pack_weight(w.to(torch.bfloat16), 2 if kernel == "bf16dp" else 1).data, None, k, n))
     return out, sum(w.numel() * w.element_size() for w, _, _, _ in out)
 
 
@@ -77,7 +79,7 @@ def main() -> None:
         ap.error("name at least one version (now, NAME=PATH)")
     threads = torch.get_num_threads()
     layers, nbytes = make_layers(opts.kernel, opts.layers)
-    act = torch.float32 if opts.kernel == "int8" else torch.bfloat16
+    act = torch.bfloat16 if opts.kernel == "bf16dp" else torch.float32
     xs = {k: torch.randn(opts.rows, k).to(act) for k, _ in SHAPES}
     ys = {n: torch.empty(opts.rows, n) for _, n in SHAPES}
     with tempfile.TemporaryDirectory() as tmp:

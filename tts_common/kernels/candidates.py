@@ -146,7 +146,7 @@ class TorchInt8Linear(KernelLinear):
 
 
 class GemvLinear(KernelLinear):
-    """Our AVX-512 kernel (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights, packed
+    """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights, packed
     once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
     dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
     as torch's bf16 GEMM does (the dot-product kernels take them as they are; ``amx``: on

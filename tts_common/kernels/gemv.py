@@ -1,5 +1,6 @@
 """Our weight-streaming GEMV for CPU decode steps: int8 (per-output-channel scales) or bfloat16
-weights, float32 activations, AVX-512, built for this machine on first use.
+weights, float32 activations, AVX-512 or AVX2 (:mod:`.vec_source`), built for this machine on first
+use.
 
 Why: at one to a few rows a decode step's linear is bound by reading its weight, and the library
 kernels measured on the dev EPYC (torch fp32/bf16, oneDNN, ``torch._weight_int8pack_mm``) read
@@ -12,7 +13,7 @@ Build: the C source (:data:`LIBRARY_SOURCE`) is compiled with the machine's C co
 (``$CC`` or ``cc``, ``-O3 -march=native -pthread``) into a cache directory
 (:func:`tts_common.kernels.cache.cache_dir`), keyed by the source, the compiler flags and the CPU
 model and flags, so a restart loads it without compiling. It is loaded with :mod:`ctypes` (a plain C ABI:
-no torch headers, a build of about a second). Where the compiler or AVX-512 is missing
+no torch headers, a build of about a second). Where the compiler, or both AVX-512 and AVX2, is missing
 :func:`gemv_available` is False and callers use the pure-torch path (:func:`gemv_reference`),
 which computes the same sums in torch.
 
@@ -45,17 +46,28 @@ from .cache import cache_dir
 from .gemv_source import SOURCE as GEMV_SOURCE
 from .pool_source import SOURCE as POOL_SOURCE
 from .stack_source import SOURCE as STACK_SOURCE
+from .vec_source import SOURCE as VEC_SOURCE
 
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
-LIBRARY_SOURCE = POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE
-"""What the library compiles, in this order: the work sharing (:mod:`.pool_source`), the GEMV
-kernels (:mod:`.gemv_source`, :mod:`.amx_source`, :mod:`.amx_int8_source`) and, calling them, the fused decoder stack
+LIBRARY_SOURCE = VEC_SOURCE + POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE
+"""What the library compiles, in this order: the 16-lane vector on AVX-512 or AVX2
+(:mod:`.vec_source`), the work sharing (:mod:`.pool_source`), the GEMV kernels (:mod:`.gemv_source`, :mod:`.amx_source`, :mod:`.amx_int8_source`) and, calling them, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
-REQUIRED_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
-"""CPU flags the library needs (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused stack's
-masked 16-bit loads and stores of a bf16 cache on 256 bits: every CPU with AVX512BW has VL)."""
+AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
+"""CPU flags of the library's AVX-512 build (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused
+stack's masked 16-bit loads and stores of a bf16 cache on 256 bits)."""
+AVX2_FLAGS = frozenset({"avx2", "fma"})
+"""CPU flags of its AVX2 build (:mod:`.vec_source`: each 16-lane vector as two of 8), where the
+AVX-512 ones are missing."""
+
+
+def library_isa(flags: frozenset[str] | set[str] | None = None) -> str | None:
+    """Which build of the library a CPU with ``flags`` (default: this one's) gets: "avx512",
+    "avx2" or None (neither: the torch path)."""
+    flags = cpu_flags() if flags is None else flags
+    return "avx512" if AVX512_FLAGS <= flags else "avx2" if AVX2_FLAGS <= flags else None
 
 
 def _compiler() -> str | None:
@@ -78,8 +90,9 @@ def compile_library(source: str, out: Path, cc: str | None = None) -> str | None
 @functools.cache
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built once per machine (None where it cannot be built)."""
-    if not REQUIRED_FLAGS <= cpu_flags():
-        logger.info("GEMV kernel unavailable: the CPU lacks AVX-512 (%s)", ", ".join(sorted(REQUIRED_FLAGS)))
+    if library_isa() is None:
+        logger.info("GEMV kernel unavailable: the CPU has neither AVX-512 (%s) nor AVX2 with FMA",
+                    ", ".join(sorted(AVX512_FLAGS)))
         return None
     cc = _compiler()
     if cc is None:
@@ -163,7 +176,7 @@ def _ptr(t: torch.Tensor | None) -> int | None:
 
 
 GROUP = 16
-"""Output channels per packed group (one AVX-512 lane each)."""
+"""Output channels per packed group (one lane each of a 16-lane vector)."""
 
 
 X4_MAX_IN_FEATURES = 131072
@@ -323,5 +336,6 @@ __all__ = [
     "gemv_reference",
     "kernel_k_group",
     "library",
+    "library_isa",
     "pack_weight",
 ]

@@ -32,31 +32,18 @@ to ``RB`` rows), ``store_group`` and ``tail_mask``.
 """
 
 SOURCE = r"""
-#include <immintrin.h>
-#include <stdint.h>
-#include <string.h>
 #include <stdlib.h>
 
 #define G 16   /* outputs per packed group: one vector lane each */
-#define RB 8   /* rows per pass over a group: 8 rows x 2 accumulators fill 16 of the 32 registers */
+#define RB 8   /* rows per call of a group: 8 rows x 2 accumulators fill 16 of AVX-512's 32 registers */
+/* Rows per pass over a group's weights: all 8 on AVX-512; on AVX2 (16 registers, a v16 is two)
+   3 rows x 2 accumulators x 2 halves, the two halves of the weight and the broadcast fill 15. */
+#define RB_PASS (VEC_AVX512 ? RB : 3)
 #define PREFETCH 256  /* k steps ahead (4 KiB of int8): measured best of 0/64/256/512 at 8 rows */
-
-/* Lanes 0..n-1 of 16 (none for n <= 0, all for n >= 16): the masked tail of a row of values. */
-static inline __mmask16 tail_mask(long n) {
-    return n >= 16 ? (__mmask16)0xFFFF : n <= 0 ? (__mmask16)0 : (__mmask16)((1u << n) - 1u);
-}
-
-static inline __m512 load_w16_i8(const int8_t* p) {
-    return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-}
-static inline __m512 load_w16_bf16(const uint16_t* p) {
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
-}
 
 /* Packed weights: group g holds outputs 16g..16g+15 as [K][16] (k-major, one lane per output;
    missing outputs of the last group are zero). acc[r][j] sums the k = j (mod 2) in increasing
-   order, then a0 + a1: one order per output, for any row count.
+   order, then a0 + a1: one order per output, for any row count or pass.
    Two accumulators (not four) so that all 8 rows of a pass stay in registers: one weight load and
    widening then serves 8 FMAs, and 8 rows cost one pass over the weights; at one row two chains
    of FMAs still retire 16 weights every 2 cycles, above what memory delivers (and more chains,
@@ -64,39 +51,45 @@ static inline __m512 load_w16_bf16(const uint16_t* p) {
    per 4 k). */
 #define DEFINE_GROUP(NAME, WT, LOADW)                                                          \
 static inline __attribute__((always_inline))                                                   \
-void NAME(const float* x, const WT* wg, int rows, int K, __m512 out[RB]) {                      \
-    __m512 acc[RB][2];                                                                         \
-    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();                  \
+void NAME##_pass(const float* x, const WT* wg, int rows, int K, v16* out) {                     \
+    v16 acc[RB_PASS][2];                                                                       \
+    for (int r = 0; r < RB_PASS; ++r) acc[r][0] = acc[r][1] = v16_zero();                      \
     int k = 0;                                                                                 \
     for (; k + 4 <= K; k += 4) {                                                               \
         for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64)                                \
             _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
         for (int j = 0; j < 4; ++j) {                                                          \
-            __m512 w = LOADW(wg + (long)(k + j) * G);                                          \
+            v16 w = LOADW(wg + (long)(k + j) * G);                                             \
             for (int r = 0; r < rows; ++r)                                                     \
-                acc[r][j & 1] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k + j]), w, acc[r][j & 1]); \
+                acc[r][j & 1] = v16_fmadd(v16_set1(x[(long)r * K + k + j]), w, acc[r][j & 1]); \
         }                                                                                      \
     }                                                                                          \
     for (; k < K; ++k) {                                                                       \
-        __m512 w = LOADW(wg + (long)k * G);                                                    \
+        v16 w = LOADW(wg + (long)k * G);                                                       \
         for (int r = 0; r < rows; ++r)                                                         \
-            acc[r][k & 1] = _mm512_fmadd_ps(_mm512_set1_ps(x[(long)r * K + k]), w, acc[r][k & 1]); \
+            acc[r][k & 1] = v16_fmadd(v16_set1(x[(long)r * K + k]), w, acc[r][k & 1]);         \
     }                                                                                          \
-    for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);               \
+    for (int r = 0; r < rows; ++r) out[r] = v16_add(acc[r][0], acc[r][1]);                     \
+}                                                                                              \
+/* Up to RB rows, in passes of RB_PASS. */                                                     \
+static inline __attribute__((always_inline))                                                   \
+void NAME(const float* x, const WT* wg, int rows, int K, v16 out[RB]) {                        \
+    for (int r0 = 0; r0 < rows; r0 += RB_PASS)                                                 \
+        NAME##_pass(x + (long)r0 * K, wg, rows - r0 < RB_PASS ? rows - r0 : RB_PASS, K, out + r0); \
 }
 
 DEFINE_GROUP(group_i8, int8_t, load_w16_i8)
 DEFINE_GROUP(group_bf16, uint16_t, load_w16_bf16)
 
-static inline void store_group(float* y, long N, int n0, int rows, const __m512* out,
+static inline void store_group(float* y, long N, int n0, int rows, const v16* out,
                                const float* scale, const float* bias) {
-    __mmask16 m = tail_mask(N - n0);
-    __m512 s = scale ? _mm512_maskz_loadu_ps(m, scale + n0) : _mm512_set1_ps(1.0f);
-    __m512 b = bias ? _mm512_maskz_loadu_ps(m, bias + n0) : _mm512_setzero_ps();
+    m16 m = tail_mask(N - n0);
+    v16 s = scale ? v16_load(m, scale + n0) : v16_set1(1.0f);
+    v16 b = bias ? v16_load(m, bias + n0) : v16_zero();
     for (int r = 0; r < rows; ++r) {
-        __m512 v = _mm512_mul_ps(out[r], s);
-        if (bias) v = _mm512_add_ps(v, b);
-        _mm512_mask_storeu_ps(y + (long)r * N + n0, m, v);
+        v16 v = v16_mul(out[r], s);
+        if (bias) v = v16_add(v, b);
+        v16_store(y + (long)r * N + n0, m, v);
     }
 }
 
@@ -108,7 +101,7 @@ static void NAME##_groups(const gemv_args* a, int begin, int end) {             
         const WT* wg = w + (long)g * K * G;                                                    \
         for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
-            __m512 out[RB];                                                                    \
+            v16 out[RB];                                                                       \
             const float* xb = x + (long)r0 * K;                                                \
             /* A constant row count per call: the accumulators stay in registers. */           \
             switch (rows) {                                                                    \

@@ -53,58 +53,49 @@ typedef struct {
 
 /* exp on 16 lanes (Cephes expf polynomial, ~1 ulp on [-87, 88]; the softmax's and SiLU's
    arguments): 2^n * p(r), x = n ln2 + r. */
-static inline __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-87.3f)), _mm512_set1_ps(88.3f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504088896341f)),
-                                    _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693359375f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(-2.12194440e-4f), r);
-    __m512 p = _mm512_set1_ps(1.9875691500e-4f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.3981999507e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(8.3334519073e-3f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(4.1665795894e-2f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.6666665459e-1f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(5.0000001201e-1f));
-    p = _mm512_fmadd_ps(_mm512_mul_ps(p, r), r, _mm512_add_ps(r, _mm512_set1_ps(1.0f)));
-    return _mm512_scalef_ps(p, n);
+static inline v16 exp16(v16 x) {
+    x = v16_min(v16_max(x, v16_set1(-87.3f)), v16_set1(88.3f));
+    v16 n = v16_round(v16_mul(x, v16_set1(1.44269504088896341f)));
+    v16 r = v16_fnmadd(n, v16_set1(0.693359375f), x);
+    r = v16_fnmadd(n, v16_set1(-2.12194440e-4f), r);
+    v16 p = v16_set1(1.9875691500e-4f);
+    p = v16_fmadd(p, r, v16_set1(1.3981999507e-3f));
+    p = v16_fmadd(p, r, v16_set1(8.3334519073e-3f));
+    p = v16_fmadd(p, r, v16_set1(4.1665795894e-2f));
+    p = v16_fmadd(p, r, v16_set1(1.6666665459e-1f));
+    p = v16_fmadd(p, r, v16_set1(5.0000001201e-1f));
+    p = v16_fmadd(v16_mul(p, r), r, v16_add(r, v16_set1(1.0f)));
+    return v16_scalef(p, n);
 }
 
-/* Round to the nearest bfloat16 (ties to even, torch's conversion for finite values), kept in
-   float32; ``rnd`` applies it only for bf16 activations. */
-static inline __m512 round_bf16(__m512 v) {
-    __m512i b = _mm512_castps_si512(v);
-    __m512i lsb = _mm512_and_si512(_mm512_srli_epi32(b, 16), _mm512_set1_epi32(1));
-    b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
-    return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xFFFF0000u)));
-}
-static inline __m512 rnd(__m512 v, int bf16) { return bf16 ? round_bf16(v) : v; }
+/* round_bf16 (:mod:`.vec_source`) only for bf16 activations */
+static inline v16 rnd(v16 v, int bf16) { return bf16 ? round_bf16(v) : v; }
 
 /* 16 cache values as float32 (a bf16 cache widened exactly) */
-static inline __m512 load_kv(__mmask16 m, const void* base, long i, int bf16) {
-    if (!bf16) return _mm512_maskz_loadu_ps(m, (const float*)base + i);
-    __m512i v = _mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, (const uint16_t*)base + i));
-    return _mm512_castsi512_ps(_mm512_slli_epi32(v, 16));
+static inline v16 load_kv(m16 m, const void* base, long i, int bf16) {
+    if (!bf16) return v16_load(m, (const float*)base + i);
+    return v16_load_bf16(m, (const uint16_t*)base + i);
 }
 
 /* sum of a[i] * b[i], 16 lanes then one fixed reduction (b from the cache) */
 static inline float dot_kv(const float* a, const void* b, long at, int n, int bf16) {
-    __m512 acc = _mm512_setzero_ps();
+    v16 acc = v16_zero();
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        acc = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, a + i), load_kv(m, b, at + i, bf16), acc);
+        m16 m = tail_mask(n - i);
+        acc = v16_fmadd(v16_load(m, a + i), load_kv(m, b, at + i, bf16), acc);
     }
-    return _mm512_reduce_add_ps(acc);
+    return v16_reduce_add(acc);
 }
 
 /* y = w * round(x * rsqrt(mean(x^2) + eps)), rounded (x and y may alias): torch's RMSNorm */
 static void rms_norm(const float* x, const float* w, float* y, int n, float eps, int bf16) {
     float ss = dot_kv(x, x, 0, n, 0);
     float inv = 1.0f / _mm_cvtss_f32(_mm_sqrt_ss(_mm_set_ss(ss / (float)n + eps)));
-    __m512 s = _mm512_set1_ps(inv);
+    v16 s = v16_set1(inv);
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        __m512 v = rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), s), bf16);
-        _mm512_mask_storeu_ps(y + i, m, rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(m, w + i), v), bf16));
+        m16 m = tail_mask(n - i);
+        v16 v = rnd(v16_mul(v16_load(m, x + i), s), bf16);
+        v16_store(y + i, m, rnd(v16_mul(v16_load(m, w + i), v), bf16));
     }
 }
 
@@ -114,15 +105,15 @@ static void rope(float* x, const float* cos_row, const float* sin_row, int hd, i
     int half = hd / 2;
     float tmp[1024];
     for (int i = 0; i < half; i += 16) {
-        __mmask16 m = tail_mask(half - i);
-        __m512 x1 = _mm512_maskz_loadu_ps(m, x + i), x2 = _mm512_maskz_loadu_ps(m, x + half + i);
-        __m512 c1 = _mm512_maskz_loadu_ps(m, cos_row + i), s1 = _mm512_maskz_loadu_ps(m, sin_row + i);
-        __m512 c2 = _mm512_maskz_loadu_ps(m, cos_row + half + i), s2 = _mm512_maskz_loadu_ps(m, sin_row + half + i);
-        __m512 neg_x2 = _mm512_sub_ps(_mm512_setzero_ps(), x2);
-        __m512 o1 = _mm512_add_ps(rnd(_mm512_mul_ps(x1, c1), bf16), rnd(_mm512_mul_ps(neg_x2, s1), bf16));
-        __m512 o2 = _mm512_add_ps(rnd(_mm512_mul_ps(x2, c2), bf16), rnd(_mm512_mul_ps(x1, s2), bf16));
-        _mm512_mask_storeu_ps(tmp + i, m, rnd(o1, bf16));
-        _mm512_mask_storeu_ps(tmp + half + i, m, rnd(o2, bf16));
+        m16 m = tail_mask(half - i);
+        v16 x1 = v16_load(m, x + i), x2 = v16_load(m, x + half + i);
+        v16 c1 = v16_load(m, cos_row + i), s1 = v16_load(m, sin_row + i);
+        v16 c2 = v16_load(m, cos_row + half + i), s2 = v16_load(m, sin_row + half + i);
+        v16 neg_x2 = v16_sub(v16_zero(), x2);
+        v16 o1 = v16_add(rnd(v16_mul(x1, c1), bf16), rnd(v16_mul(neg_x2, s1), bf16));
+        v16 o2 = v16_add(rnd(v16_mul(x2, c2), bf16), rnd(v16_mul(x1, s2), bf16));
+        v16_store(tmp + i, m, rnd(o1, bf16));
+        v16_store(tmp + half + i, m, rnd(o2, bf16));
     }
     memcpy(x, tmp, sizeof(float) * hd);
 }
@@ -132,9 +123,8 @@ static void store_kv(void* cache, long at, const float* v, int n, int bf16) {
     if (!bf16) { memcpy((float*)cache + at, v, sizeof(float) * n); return; }
     uint16_t* c = (uint16_t*)cache + at;
     for (int i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, v + i)), 16);
-        _mm256_mask_storeu_epi16(c + i, m, _mm512_cvtepi32_epi16(b));
+        m16 m = tail_mask(n - i);
+        v16_store_bf16(c + i, m, v16_load(m, v + i));
     }
 }
 
@@ -178,32 +168,32 @@ static void attend_group(const attn_ctx* c, int task) {
                 if (s[j] > bm) bm = s[j];
             }
             float nm = bm > m[g] ? bm : m[g];
-            float rescale = m[g] == -INFINITY ? 0.0f : _mm512_cvtss_f32(exp16(_mm512_set1_ps(m[g] - nm)));
-            __m512 vnm = _mm512_set1_ps(nm);
+            float rescale = m[g] == -INFINITY ? 0.0f : v16_first(exp16(v16_set1(m[g] - nm)));
+            v16 vnm = v16_set1(nm);
             float bl = 0.0f;
             for (int j = 0; j < n; j += 16) {
-                __mmask16 mk = tail_mask(n - j);
-                __m512 e = _mm512_maskz_mov_ps(mk, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(mk, s + j), vnm)));
-                bl += _mm512_reduce_add_ps(e);
-                _mm512_mask_storeu_ps(s + j, mk, rnd(e, bf16));
+                m16 mk = tail_mask(n - j);
+                v16 e = v16_maskz(mk, exp16(v16_sub(v16_load(mk, s + j), vnm)));
+                bl += v16_reduce_add(e);
+                v16_store(s + j, mk, rnd(e, bf16));
             }
             l[g] = l[g] * rescale + bl;
             m[g] = nm;
             for (int i = 0; i < hd; i += 16) {
-                __mmask16 mk = tail_mask(hd - i);
-                __m512 a = _mm512_mul_ps(_mm512_maskz_loadu_ps(mk, a_g + i), _mm512_set1_ps(rescale));
+                m16 mk = tail_mask(hd - i);
+                v16 a = v16_mul(v16_load(mk, a_g + i), v16_set1(rescale));
                 for (int j = 0; j < n; ++j)
-                    a = _mm512_fmadd_ps(_mm512_set1_ps(s[j]), load_kv(mk, c->v_cache, base + (j0 + j) * hd + i, bf16), a);
-                _mm512_mask_storeu_ps(a_g + i, mk, a);
+                    a = v16_fmadd(v16_set1(s[j]), load_kv(mk, c->v_cache, base + (j0 + j) * hd + i, bf16), a);
+                v16_store(a_g + i, mk, a);
             }
         }
     }
     for (int g = 0; g < group; ++g) {
         float* o = c->out + (long)r * heads * hd + (long)(kvh * group + g) * hd;
-        __m512 inv = _mm512_set1_ps(1.0f / l[g]);
+        v16 inv = v16_set1(1.0f / l[g]);
         for (int i = 0; i < hd; i += 16) {
-            __mmask16 mk = tail_mask(hd - i);
-            _mm512_mask_storeu_ps(o + i, mk, rnd(_mm512_mul_ps(_mm512_maskz_loadu_ps(mk, acc + (long)g * hd + i), inv), bf16));
+            m16 mk = tail_mask(hd - i);
+            v16_store(o + i, mk, rnd(v16_mul(v16_load(mk, acc + (long)g * hd + i), inv), bf16));
         }
     }
 }
@@ -217,8 +207,8 @@ static void attend_range(const gemv_args* a, int begin, int end) {
 static void round_rows(float* y, long n, int bf16) {
     if (!bf16) return;
     for (long i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        _mm512_mask_storeu_ps(y + i, m, round_bf16(_mm512_maskz_loadu_ps(m, y + i)));
+        m16 m = tail_mask(n - i);
+        v16_store(y + i, m, round_bf16(v16_load(m, y + i)));
     }
 }
 
@@ -312,11 +302,11 @@ static void silu_mul(const float* gu, float* act, int R, int I, int bf16) {
         const float* u = g + I;
         float* o = act + (long)r * I;
         for (int i = 0; i < I; i += 16) {
-            __mmask16 m = tail_mask(I - i);
-            __m512 gv = _mm512_maskz_loadu_ps(m, g + i);
-            __m512 e = exp16(_mm512_sub_ps(_mm512_setzero_ps(), gv));
-            __m512 sv = rnd(_mm512_div_ps(gv, _mm512_add_ps(_mm512_set1_ps(1.0f), e)), bf16);
-            _mm512_mask_storeu_ps(o + i, m, rnd(_mm512_mul_ps(sv, _mm512_maskz_loadu_ps(m, u + i)), bf16));
+            m16 m = tail_mask(I - i);
+            v16 gv = v16_load(m, g + i);
+            v16 e = exp16(v16_sub(v16_zero(), gv));
+            v16 sv = rnd(v16_div(gv, v16_add(v16_set1(1.0f), e)), bf16);
+            v16_store(o + i, m, rnd(v16_mul(sv, v16_load(m, u + i)), bf16));
         }
     }
 }
@@ -324,9 +314,9 @@ static void silu_mul(const float* gu, float* act, int R, int I, int bf16) {
 /* x = round(x + y) */
 static void add_rows(float* x, const float* y, long n, int bf16) {
     for (long i = 0; i < n; i += 16) {
-        __mmask16 m = tail_mask(n - i);
-        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, x + i), _mm512_maskz_loadu_ps(m, y + i));
-        _mm512_mask_storeu_ps(x + i, m, rnd(v, bf16));
+        m16 m = tail_mask(n - i);
+        v16 v = v16_add(v16_load(m, x + i), v16_load(m, y + i));
+        v16_store(x + i, m, rnd(v, bf16));
     }
 }
 
