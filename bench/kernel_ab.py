@@ -59,7 +59,9 @@ def make_layers(
                 q, scale = quantize_int8(w)
                 out.append((pack_weight(q, 1).data, scale, k, n))
             else:
-                out.append((pack_weight(w.to(torch.bfloat16), 2 if kernel == "bf16dp" else 1).data, None, k, n))
+                out.append(
+                    (pack_weight(w.to(torch.bfloat16), 2 if kernel == "bf16dp" else 1).data, None, k, n)
+                )
     return out, sum(w.numel() * w.element_size() for w, _, _, _ in out)
 
 

@@ -91,8 +91,10 @@ def compile_library(source: str, out: Path, cc: str | None = None) -> str | None
 def _library() -> ctypes.CDLL | None:
     """The compiled kernel, built once per machine (None where it cannot be built)."""
     if library_isa() is None:
-        logger.info("GEMV kernel unavailable: the CPU has neither AVX-512 (%s) nor AVX2 with FMA",
-                    ", ".join(sorted(AVX512_FLAGS)))
+        logger.info(
+            "GEMV kernel unavailable: the CPU has neither AVX-512 (%s) nor AVX2 with FMA",
+            ", ".join(sorted(AVX512_FLAGS)),
+        )
         return None
     cc = _compiler()
     if cc is None:

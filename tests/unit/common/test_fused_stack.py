@@ -21,7 +21,8 @@ from tts_common.layers import GatedMLP
 pytestmark = [
     pytest.mark.usefixtures("one_torch_thread"),
     pytest.mark.skipif(
-        library() is None, reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, here: the fused stack is not built"
+        library() is None,
+        reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, here: the fused stack is not built",
     ),
 ]
 FAMILIES = {

@@ -38,6 +38,8 @@ from tts_common.kernels.gemv import (
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
+NO_LIBRARY = "no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine"
+"""Why the tests of our kernel library skip."""
 AVAILABLE = [k for k in CANDIDATES if candidate_available(k)]
 TOLERANCE = {
     "fp32": 1e-5,
@@ -101,7 +103,7 @@ def _run(kind: str, x: torch.Tensor, packed, scale, b) -> torch.Tensor:  # type:
     return gemv(x, packed, scale, b, rows_layout=kind == "bf16dp-rows", **_flags(kind))
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 @settings(max_examples=60, deadline=None)
 @given(
     kind=st.sampled_from(GEMV_KINDS),
@@ -315,8 +317,8 @@ def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None
     assert table.chosen == {shape: "torch-bf16"}
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 def test_a_cached_timing_of_another_build_of_our_kernel_is_measured_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Our kernel's timings are keyed by its source: a cache written by an earlier (slower or
     # faster) build must not choose for this one.
@@ -331,7 +333,7 @@ def test_a_cached_timing_of_another_build_of_our_kernel_is_measured_again(monkey
     assert measured and table.seconds[shape]["gemv-int8"][1] > 1e-12
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # -march=native builds for the flags of the CPU at hand; a host of the same model name with
     # fewer flags (a VM masking some, a generic "AMD EPYC") sharing the cache must not load it.
@@ -357,7 +359,7 @@ FUSABLE_KERNELS = [
 ]
 
 
-@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason=NO_LIBRARY)
 @settings(max_examples=20, deadline=None)
 @given(
     kernel=st.sampled_from(FUSABLE_KERNELS or ["gemv-int8"]),
@@ -379,7 +381,7 @@ def test_fused_projections_give_each_channel_its_own_layers_bits(
         assert torch.equal(fused(x[:1]), fused(x)[:1])  # and batch-invariant
 
 
-@pytest.mark.skipif(not FUSABLE_KERNELS, reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not FUSABLE_KERNELS, reason=NO_LIBRARY)
 def test_only_whole_groups_of_one_kernel_are_fused() -> None:
     kernel = FUSABLE_KERNELS[0]
     whole = make_candidate(kernel, _linear(32, 16, False, 0))
@@ -389,9 +391,7 @@ def test_only_whole_groups_of_one_kernel_are_fused() -> None:
     assert fuse_outputs([whole, None]) is None
 
 
-@pytest.mark.skipif(
-    not candidate_available("gemv-int8"), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine"
-)
+@pytest.mark.skipif(not candidate_available("gemv-int8"), reason=NO_LIBRARY)
 def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     from tts_common.layers import GatedMLP
 
@@ -408,7 +408,7 @@ def test_set_up_linears_fuses_gate_and_up_without_changing_a_bit(monkeypatch) ->
         assert torch.equal(fused(x), separate(x))
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 @settings(max_examples=12, deadline=None)
 @given(
     kind=st.sampled_from(GEMV_KINDS),
@@ -446,7 +446,7 @@ def test_gemv_shared_between_threads_has_the_bits_of_one_thread(
     assert len(results) == 60 and all(torch.equal(r, alone) for r in results)
 
 
-@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA, on this machine")
+@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 def test_a_cache_it_cannot_build_into_leaves_the_torch_path(tmp_path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Built beside its cache file (os.replace across filesystems fails: a container's volume),
     # and where even that cannot be written the kernel is unavailable, not a failed start.
