@@ -97,19 +97,29 @@ def test_64_concurrent_streams_complete_or_are_refused(stack):
                 stub, tts_pb2.SynthesizeRequest(text="Warm up.", speaker="Ryan", sampling=SHORT), 60
             )
             rss = [rss_mib(talker_pid)]
-            for _ in range(2):
+            for _ in range(3):
                 check(*await burst(stub))
                 rss.append(rss_mib(talker_pid))
             return rss
 
-    idle_rss, after_first, after_second = asyncio.run(run())
-    # The first burst runs batch sizes the warm-up did not, and their first use allocates state
-    # that is kept for the next (since the measured kernel choice: +74 MiB on the tiny checkpoint,
-    # then flat over four bursts: 540, 541, 528, 529 MiB); bounded, and only once.
+    idle_rss, after_first, after_second, after_third = asyncio.run(run())
+    # A burst's first use of a row count (rows of one linear call: decode batch 1..16, the code
+    # predictor's 2 x batch, prefill groups of prompts) makes oneDNN build and keep that call's
+    # kernel state, about 0.5 MiB per layer shape (tiny checkpoint: ~7.7 MiB per new row count
+    # over its 9 shapes); bounded by oneDNN's caches, kept for the next burst.
     assert after_first < idle_rss + 128
-    # Memory returns to (about) the level of the first burst: static KV slots, nothing kept per
-    # request, so a second burst adds nothing.
-    assert after_second < after_first + 32
+    # Which row counts a burst reaches depends on scheduling, so a later burst may still reach a
+    # few for the first time and grow once (measured over six bursts: 21 row counts in the first,
+    # then new 12, 20 and 28 in the fourth: +23 MiB, flat after; a full-suite run once saw +47
+    # MiB in the second). Nothing is kept per request (static KV slots), so of two further bursts
+    # at least one adds (about) nothing: +3 and -12 MiB (glibc trims its heap) in eight runs,
+    # whereas a leak of 0.5 MiB per request (32 MiB a burst) gave +34 and +22.
+    assert min(after_second - after_first, after_third - after_second) < 16, (
+        idle_rss,
+        after_first,
+        after_second,
+        after_third,
+    )
 
 
 def test_deadline_and_disconnect_free_talker_and_decoder(stack):
