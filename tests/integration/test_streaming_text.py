@@ -95,9 +95,16 @@ def test_cancel_mid_utterance_then_more_text_in_the_same_stream(dev_stack, stub)
             yield message
 
     one_frame = tts_pb2.StreamingOptions(first_chunk_frames=1, max_chunk_frames=1)
-    # A long budget and no silence stop: the dev checkpoint keeps talking until cancelled.
+    # The first utterance must still be running when it is cancelled, whatever the seed, dtype or
+    # kernels. Only EOS could end it (budget 2000 frames, no silence stop, its text left open),
+    # and the dev checkpoint samples EOS within a few frames for any seed (its EOS logit is
+    # scaled up: qwen3_tts.dev_model.EOS_LOGIT_SCALE). But the talker blocks EOS for the first two
+    # code0 it samples (min_new_tokens = 2), and with streaming feeding it takes one text token
+    # per frame after the first: "Hello there " commits two tokens (the trailing space waits for
+    # what follows), so the talker completes one frame, samples the next code0 with EOS blocked
+    # and waits for more text, holding its slot, until the cancel.
     outgoing.put(Message(config=settings_for(7, 2000, streaming=one_frame, silence_stop=False)))
-    outgoing.put(Message(text="This is a long sentence that goes on and on, " * 4))
+    outgoing.put(Message(text="Hello there "))
     call = stub.StreamingSynthesize(messages(), timeout=120)
     responses = iter(call)
     assert next(responses).HasField("metadata")
@@ -111,6 +118,9 @@ def test_cancel_mid_utterance_then_more_text_in_the_same_stream(dev_stack, stub)
             ack = response.utterance_end
             break
         before_ack.append(response)
+    # The premise above, checked: the talker produced its one frame and waited (had it been given
+    # more text tokens, frames that may end with EOS would follow, and the test would be flaky).
+    assert len(before_ack) == 1
     sent = sum(r.audio.num_samples for r in before_ack)
     assert ack.index == 0 and ack.finish_reason == tts_pb2.FINISH_REASON_CANCELLED
     assert (ack.start_sample, ack.num_samples) == (0, sent)
