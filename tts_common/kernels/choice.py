@@ -17,7 +17,9 @@ counts the same: a kernel twice as slow at one bucket loses as much as it would 
 ``--dtype auto`` on CPU (:func:`measured_cpu_dtype`): the per-frame time of the linears of a
 released 0.6B frame (the talker once, the code predictor 15 times) with each family's chosen
 kernels, at one row and at eight; bfloat16 only where it is faster at both, so ``auto`` is never
-slower than float32 at either.
+slower than float32 at either, and only on a CPU with bf16 arithmetic (AVX512-BF16, AMX-BF16):
+without it the stages' other bf16 work is emulated (the decoder took 2679 CPU-ms per frame in
+bf16 against 200 in float32 on an AVX2-only EPYC), which the linears alone do not show.
 """
 
 from __future__ import annotations
@@ -36,7 +38,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_has_native_bf16, cpu_model
 
 from .cache import cache_dir
 from .candidates import (
@@ -297,10 +299,16 @@ def frame_linear_calls(talker_cfg: object) -> Counter[Shape]:
 
 
 def measured_cpu_dtype(buckets: Sequence[int] = (1, 8)) -> str:
-    """``--dtype auto`` on CPU: bfloat16 where a released 0.6B frame's linears, each family with
-    its chosen kernels, run faster in bfloat16 than in float32 at every bucket; else float32."""
+    """``--dtype auto`` on CPU: bfloat16 where the CPU has bf16 arithmetic and a released 0.6B
+    frame's linears, each family with its chosen kernels, run faster in bfloat16 than in float32
+    at every bucket; else float32."""
     from tts_common.release_dims import release_talker_config
 
+    if not cpu_has_native_bf16():
+        logger.info(
+            "--dtype auto on CPU: float32 (no bf16 arithmetic on this CPU: the stages' bf16 is emulated)"
+        )
+        return "float32"
     calls = frame_linear_calls(release_talker_config("0b6"))
     times = {}
     for family in ("float32", "bfloat16"):

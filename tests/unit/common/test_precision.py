@@ -26,6 +26,7 @@ def _fake_tables(monkeypatch: pytest.MonkeyPatch, fp32: dict[int, float], bf16: 
 
     monkeypatch.setattr(choice, "measure_kernels", measure)
     monkeypatch.setattr(choice, "frame_linear_calls", lambda cfg: {shape: 1})
+    monkeypatch.setattr(choice, "cpu_has_native_bf16", lambda: True)
 
 
 @given(
@@ -39,6 +40,14 @@ def test_auto_on_cpu_is_bf16_only_when_measured_faster_at_every_bucket(
         _fake_tables(mp, fp32, bf16)
         got = resolve_dtype("auto", "cpu")
     assert got == ("bfloat16" if all(bf16[b] < fp32[b] for b in (1, 8)) else "float32")
+
+
+def test_auto_on_cpu_without_bf16_arithmetic_is_float32_even_where_bf16_linears_are_faster() -> None:
+    with pytest.MonkeyPatch.context() as mp:
+        _fake_tables(mp, {1: 1.0, 8: 1.0}, {1: 0.1, 8: 0.1})
+        assert resolve_dtype("auto", "cpu") == "bfloat16"
+        mp.setattr(choice, "cpu_has_native_bf16", lambda: False)
+        assert resolve_dtype("auto", "cpu") == "float32"
 
 
 @given(st.sampled_from(DTYPES))
