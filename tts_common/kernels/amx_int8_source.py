@@ -23,7 +23,8 @@ its own tile element, which depends only on its own rows of A: the row count nev
 bit. A row with a non-finite value gives NaN outputs (its digits would mean nothing).
 
 Compiled after :mod:`.amx_source` (its tile configuration type and ``has_amx_bf16``, which asks
-the OS for the tile state AMX-INT8 shares) and :mod:`.gemv_source` (``G``, ``store_group``, ``tail_mask``);
+the OS for the tile state AMX-INT8 shares), :mod:`.gemv_source` (``G``, ``store_group``) and
+:mod:`.vec_source` (``tail_mask``);
 where the build lacks AMX-INT8 only ``has_amx_int8`` (returning 0) is defined.
 """
 

@@ -1,4 +1,6 @@
-"""C source of our AVX-512 weight-streaming GEMV/small-GEMM (see :mod:`tts_common.kernels.gemv`).
+"""C source of our weight-streaming GEMV/small-GEMM (see :mod:`tts_common.kernels.gemv`): the FMA
+kernels on the 16-lane vector of :mod:`.vec_source` (AVX-512 or AVX2), the bf16 dot product on
+AVX512-BF16 only.
 
 Kept as a string so the package needs no package-data and the build hashes exactly what it
 compiles. ``y[r, n] = scale[n] * sum_k x[r, k] * w[n, k] + bias[n]`` with fp32 ``x``/``y`` and
@@ -26,9 +28,10 @@ dev EPYC (Zen 4), weights in L3 or not (side by side in one process, 15-40 round
 reads bf16 weights faster at one row and slower at eight; the kernel choice measures both.
 
 The AMX kernels on the same packed layout are :mod:`.amx_source`; the work sharing (``share``,
-``gemv_args``) is :mod:`.pool_source`, compiled before this (:data:`.gemv.LIBRARY_SOURCE`).
-Internals other C code may call: ``group_i8``, ``group_bf16``, ``group_bf16dp`` (one group, up
-to ``RB`` rows), ``store_group`` and ``tail_mask``.
+``gemv_args``) is :mod:`.pool_source` and the vector (``v16``, ``tail_mask``) :mod:`.vec_source`,
+both compiled before this (:data:`.gemv.LIBRARY_SOURCE`). Internals other C code may call:
+``group_i8``, ``group_bf16``, ``group_bf16dp`` (one group, up to ``RB`` rows) and
+``store_group``.
 """
 
 SOURCE = r"""

@@ -250,9 +250,8 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
 #ifdef __AVX512BF16__
         long n = (long)R * K;
         for (long i = 0; i < n; i += 16) {  /* x holds bf16 values: the top 16 bits */
-            __mmask16 m = tail_mask(n - i);
-            __m512i b = _mm512_srli_epi32(_mm512_castps_si512(_mm512_maskz_loadu_ps(m, x + i)), 16);
-            _mm256_mask_storeu_epi16(xb + i, m, _mm512_cvtepi32_epi16(b));
+            m16 m = tail_mask(n - i);
+            v16_store_bf16(xb + i, m, v16_load(m, x + i));
         }
         if (kind == K_BF16DP) {
             gemv_bf16dp(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);

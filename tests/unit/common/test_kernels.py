@@ -318,7 +318,6 @@ def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None
 
 
 @pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
-@pytest.mark.skipif(not gemv_available(), reason=NO_LIBRARY)
 def test_a_cached_timing_of_another_build_of_our_kernel_is_measured_again(monkeypatch) -> None:  # type: ignore[no-untyped-def]
     # Our kernel's timings are keyed by its source: a cache written by an earlier (slower or
     # faster) build must not choose for this one.
