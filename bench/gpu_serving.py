@@ -10,8 +10,9 @@ What it measures (one JSON document, also printed):
   * ``single_stream``: real-time factor of one stream (synthesis time / audio duration);
   * ``step_time_vs_batch``: median talker decode-step time at each batch size seen;
   * ``load``: per concurrency level C (C streams kept in flight until ``--requests`` finish):
-    requests/s and p50/p95 time to first audio (request arrival -> first decoded PCM chunk, the
-    talker's prefill + first frames + the decoder's first chunk);
+    requests/s, seconds of audio per request and per second of wall time, and p50/p95 time to
+    first audio (request arrival -> first decoded PCM chunk, the talker's prefill + first frames
+    + the decoder's first chunk);
   * ``peak_device_memory_mib`` (CUDA only).
 The goal the serving work is judged against: > 20 requests/s with p95 time to first audio under
 77 ms on one H100 (see deploy/OPERATIONS.md for the bandwidth roofline).
@@ -33,6 +34,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from decoder_service.config import DEFAULT_GRAPH_MEMORY
 from decoder_service.model.loading import load_codec_decoder
 from decoder_service.model.self_check import start_batcher
 from decoder_service.model.streaming import ChunkSchedule, DecoderSession
@@ -44,6 +46,7 @@ from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import PromptInputs
 from tts_common.compute_thread import ComputeThread
 from tts_common.flags import config_from_args
+from tts_common.memory import parse_size
 from tts_common.stage_main import StageModelConfig
 from tts_common.synthesis import SamplingParams
 
@@ -97,7 +100,9 @@ class Bench:
             load_codec_decoder, self.args.model, self.args.device, torch.float32
         )
         # The decoder server's batcher: its buckets, captured and self-checked as at its start.
-        self.session_batcher, _ = await self.compute.run(start_batcher, self.decoder, "auto")
+        self.session_batcher, _ = await self.compute.run(
+            start_batcher, self.decoder, "auto", graph_memory=self.args.decoder_graph_memory or None
+        )
         graphs = self.session_batcher.graphs
         self.startup["decoder_graphs"] = None if graphs is None else _report(graphs.report)
 
@@ -166,6 +171,10 @@ class Bench:
             "ttfa_p50_ms": round(_percentile(ttfa, 50), 1),
             "ttfa_p95_ms": round(_percentile(ttfa, 95), 1),
             "rtf_mean": round(statistics.fmean(r[1] / max(r[2], 1e-9) for r in results), 3),
+            # requests/s depends on how long the requests are (a random checkpoint's greedy codes
+            # decide when it stops): the audio they made says what the level served
+            "audio_s_per_request": round(statistics.fmean(r[2] for r in results), 2),
+            "audio_s_per_s": round(sum(r[2] for r in results) / wall, 2),
         }
 
 
@@ -223,6 +232,12 @@ def main() -> None:
     parser.add_argument("--requests", type=int, default=128, help="requests per concurrency level")
     parser.add_argument("--single-requests", type=int, default=4, help="requests of the single-stream run")
     parser.add_argument("--sample", action="store_true", help="seeded sampling instead of greedy")
+    parser.add_argument(
+        "--decoder-graph-memory",
+        type=parse_size,
+        default=DEFAULT_GRAPH_MEMORY,
+        help="the decoder's --graph-memory, e.g. 4GiB (0: no bound; default: the decoder server's)",
+    )
     parser.add_argument("--json", type=Path, default=None)
     args = parser.parse_args()
     result = asyncio.run(main_async(args))
