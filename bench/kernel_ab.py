@@ -33,8 +33,9 @@ from tts_common.kernels.gemv import LIBRARY_SOURCE, compile_library, pack_weight
 
 SHAPES = ((1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024))
 """(in, out) of one talker layer's calls with q/k/v and gate/up fused."""
-KERNELS = {"int8": "gemv_i8", "bf16": "gemv_bf16", "bf16dp": "gemv_bf16dp"}
-"""``--kernel``: int8 or bf16 weights with float32 activations (FMAs), or bf16 both (the dot product)."""
+KERNELS = {"int8": "gemv_i8", "bf16": "gemv_bf16", "bf16dp": "gemv_bf16dp", "int8dp": "gemv_i8dp"}
+"""``--kernel``: int8 or bf16 weights with float32 activations (FMAs), or bf16 activations with
+bf16 or int8 weights (the dot product)."""
 
 
 def build(source: str, work: Path) -> ctypes.CDLL:
@@ -55,9 +56,9 @@ def make_layers(
     for _ in range(layers):
         for k, n in SHAPES:
             w = torch.randn(n, k, generator=g)
-            if kernel == "int8":
+            if kernel in ("int8", "int8dp"):
                 q, scale = quantize_int8(w)
-                out.append((pack_weight(q, 1).data, scale, k, n))
+                out.append((pack_weight(q, 2 if kernel == "int8dp" else 1).data, scale, k, n))
             else:
                 out.append(
                     (pack_weight(w.to(torch.bfloat16), 2 if kernel == "bf16dp" else 1).data, None, k, n)
@@ -81,7 +82,7 @@ def main() -> None:
         ap.error("name at least one version (now, NAME=PATH)")
     threads = torch.get_num_threads()
     layers, nbytes = make_layers(opts.kernel, opts.layers)
-    act = torch.bfloat16 if opts.kernel == "bf16dp" else torch.float32
+    act = torch.bfloat16 if opts.kernel in ("bf16dp", "int8dp") else torch.float32
     xs = {k: torch.randn(opts.rows, k).to(act) for k, _ in SHAPES}
     ys = {n: torch.empty(opts.rows, n) for _, n in SHAPES}
     with tempfile.TemporaryDirectory() as tmp:

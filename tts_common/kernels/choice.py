@@ -47,6 +47,7 @@ from .candidates import (
     NOT_BATCH_INVARIANT,
     KernelLinear,
     candidate_available,
+    family_kernels,
     fuse_outputs,
     kernel_revision,
     make_candidate,
@@ -200,12 +201,15 @@ def measure_kernels(
     shapes: Iterable[Shape], family: str, buckets: Sequence[int], *, kernels: Sequence[str] | None = None
 ) -> KernelTable:
     """The kernel table of ``family`` for ``shapes`` at ``buckets``: from the cache file where
-    it holds them (same threads), measured and added to it otherwise."""
+    it holds them (same threads), measured and added to it otherwise. ``kernels``: the
+    candidates to time (default: the family's for its own model dtype, :func:`family_kernels`)."""
     if family not in FAMILIES:
         raise ValueError(f"unknown kernel family {family!r} (choose from {', '.join(FAMILIES)})")
     # Only the kernels this machine runs: one it lacks (say gemv-bf16dp without AVX512-BF16) is
     # never timed, so never in the file, and would make every start measure its shapes again.
-    kernels = tuple(k for k in (kernels or FAMILIES[family]) if candidate_available(k))
+    kernels = tuple(
+        k for k in (kernels or family_kernels(family, FAMILY_DTYPE[family])) if candidate_available(k)
+    )
     buckets = tuple(sorted(set(buckets)))
     path = table_path()
     cache = _load(path)
@@ -375,7 +379,7 @@ def set_up_linears(
         return "torch (nn.Linear)", None
     shapes = linear_shapes(module)
     if linear == "auto":
-        table = measure_kernels(shapes, family, buckets)
+        table = measure_kernels(shapes, family, buckets, kernels=family_kernels(family, dtype))
     else:
         table = KernelTable(family, tuple(buckets))
         kernel = _forced_kernel(linear, family)

@@ -82,6 +82,7 @@ KINDS = {
     "gemv-int8amx": 3,
     "gemv-bf16amx": 4,
     "gemv-int8x4amx": 5,
+    "gemv-int8dp": 6,
 }
 """The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
 INT8_KINDS = frozenset({"gemv-int8", "gemv-int8amx", "gemv-int8x4amx"})

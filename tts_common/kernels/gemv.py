@@ -125,7 +125,8 @@ def _library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
     allocating = ("gemv_i8amx", "gemv_i8x4amx")  # these return -1 where out of memory
-    for name in ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_bf16amx", *allocating):
+    names = ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_i8dp", "gemv_bf16amx")
+    for name in (*names, *allocating):
         fn = getattr(lib, name, None)
         if fn is not None:
             fn.argtypes = args
@@ -140,7 +141,7 @@ def _library() -> ctypes.CDLL | None:
 
 def bf16_dot_available() -> bool:
     """Whether the kernel was built with the bf16 dot-product instruction (AVX512-BF16), for
-    bfloat16 activations (:func:`gemv` with a bfloat16 ``x``)."""
+    bfloat16 activations (:func:`gemv` with a bfloat16 ``x``, bfloat16 or int8 weights)."""
     lib = _library()
     return lib is not None and "avx512_bf16" in cpu_flags() and bool(lib.has_bf16dp())
 
@@ -224,7 +225,7 @@ def kernel_k_group(x_dtype: torch.dtype, weight_dtype: torch.dtype, amx: bool, x
     """The packed layout (:attr:`PackedWeight.k_group`) :func:`gemv` runs with these arguments."""
     if x_digits:
         return 4
-    return 2 if amx or (x_dtype == torch.bfloat16 and weight_dtype == torch.bfloat16) else 1
+    return 2 if amx or x_dtype == torch.bfloat16 else 1
 
 
 def gemv(
@@ -241,9 +242,10 @@ def gemv(
 
     ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required) or bfloat16 [N, K],
     packed (:func:`pack_weight` with :func:`kernel_k_group`; a plain tensor is packed for this
-    call), ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` with bfloat16
-    weights uses the bf16 dot-product instruction (:func:`bf16_dot_available`): exact products
-    of the same bf16 values, float32 sums; ``rows_layout`` runs it on the plain [N, K] weight
+    call), ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` uses the bf16
+    dot-product instruction (:func:`bf16_dot_available`) with bfloat16 weights, or with int8
+    weights widened to bf16 (exact): exact products, float32 sums (for int8, another summation
+    order than with float32 ``x``); ``rows_layout`` runs it on the plain [N, K] bf16 weight
     instead (the row-wise kernel, another summation order). ``amx`` runs bf16 or int8 weights
     on AMX-BF16 tiles (:func:`amx_bf16_available`; another summation order): with float32 ``x``
     each activation is split into three bf16 (exact), so the int8 products stay exact and are
@@ -257,6 +259,7 @@ def gemv(
         raise RuntimeError("the GEMV kernel is not available on this machine (see gemv_available)")
     rows, k = x.shape
     bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
+    int8_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.int8 and not amx
     k_group = kernel_k_group(x.dtype, weight.dtype, amx, x_digits)
     if isinstance(weight, PackedWeight):
         n, fan_in = weight.out_features, weight.in_features
@@ -264,9 +267,11 @@ def gemv(
             raise ValueError("this packed weight does not fit the activations' dtype or layout")
     else:
         n, fan_in = weight.shape
-    if fan_in != k or not (x.dtype == torch.float32 or bf16_dot):
+    if fan_in != k or not (x.dtype == torch.float32 or bf16_dot or int8_dot):
         raise ValueError(f"x {tuple(x.shape)} {x.dtype} does not fit weight [{n}, {fan_in}] {weight.dtype}")
-    if x_digits and (amx or rows_layout or bf16_dot or weight.dtype != torch.int8):
+    if weight.dtype == torch.int8 and scale is None:
+        raise ValueError("int8 weights need their per-channel scales")
+    if x_digits and (amx or rows_layout or x.dtype != torch.float32 or weight.dtype != torch.int8):
         raise ValueError("the AMX-INT8 kernel takes int8 weights and float32 activations only")
     if x_digits and k > X4_MAX_IN_FEATURES:
         raise ValueError(f"the AMX-INT8 kernel sums at most {X4_MAX_IN_FEATURES} input features (got {k})")
@@ -281,13 +286,15 @@ def gemv(
         if amx and (rows_layout or not amx_bf16_available()):
             raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles for this layout on this machine")
         fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16amx if amx else lib.gemv_bf16dp
+    elif int8_dot:
+        if rows_layout or not bf16_dot_available():
+            raise RuntimeError("the GEMV kernel has no bf16 dot product for this layout on this machine")
+        fn = lib.gemv_i8dp
     elif amx and weight.dtype != torch.int8:
         raise ValueError("the AMX kernels take int8 weights or bfloat16 activations and weights")
     elif rows_layout:
         raise ValueError("the row-wise layout is the bf16 dot product's only")
     elif weight.dtype == torch.int8:
-        if scale is None:
-            raise ValueError("int8 weights need their per-channel scales")
         if amx and not amx_bf16_available():
             raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles on this machine")
         if x_digits and not amx_int8_available():

@@ -4,10 +4,10 @@ AVX512-BF16 only.
 
 Kept as a string so the package needs no package-data and the build hashes exactly what it
 compiles. ``y[r, n] = scale[n] * sum_k x[r, k] * w[n, k] + bias[n]`` with fp32 ``x``/``y`` and
-int8 or bfloat16 ``w`` (``scale`` only for int8), or bf16 ``x`` and ``w`` with the bf16 dot
-product.
+int8 or bfloat16 ``w`` (``scale`` only for int8), or bf16 ``x`` with bf16 or int8 ``w`` and the
+bf16 dot product.
 
-Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``): the weight is pre-packed at load in
+Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``, ``gemv_i8dp``): the weight is pre-packed at load in
 groups of 16 output channels, k-major, one vector lane per channel (:func:`.gemv.pack_weight`).
 A step loads 16 channels' weights for one k (two for the dot product) and multiplies them by that
 k's activation broadcast, so no horizontal reduction is needed, each thread streams contiguous
@@ -265,6 +265,69 @@ void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, 
                       int R, int K, int N, int nthreads) {
     gemv_args a = {x, w, scale, bias, y, R, K, N};
     share(bf16dp_rows, &a, N, 16, nthreads);
+}
+
+/* int8 w with bf16 x, the same dot-product instruction (``gemv-int8dp``): int8 pairs laid out as
+   the bf16 ones, [ceil(K/2)][16][2], each 32 widened to bf16 on load (exact: |w| <= 127 has 7
+   significant bits), so every product is exact and only the float32 sums round. Eight rows a
+   pass, two accumulators each (pairs p = 2i + j into acc[r][j], the tail likewise, then
+   a0 + a1): one widening serves 8 rows, where the FMA kernel spends 8 FMAs per 16 weights. */
+static inline __m512bh load_w32_i8_bf16(const int8_t* p) {
+    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
+    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
+    return _mm512_cvtne2ps_pbh(hi, lo); /* lo's 16 values first: pairs of outputs 0-7, then 8-15 */
+}
+static inline __attribute__((always_inline))
+void group_i8dp(const uint16_t* x, const int8_t* wg, int rows, int K, __m512 out[RB]) {
+    __m512 acc[RB][2];
+    for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
+    int P = (K + 1) / 2, p = 0;
+    for (; p + 2 <= P && 2 * p + 4 <= K; p += 2) {
+        _mm_prefetch((const char*)(wg + (long)(p + PREFETCH) * 2 * G), _MM_HINT_T0);
+        for (int j = 0; j < 2; ++j) {
+            __m512bh w = load_w32_i8_bf16(wg + (long)(p + j) * 2 * G);
+            for (int r = 0; r < rows; ++r) {
+                int xi; memcpy(&xi, x + (long)r * K + 2 * (p + j), 4);
+                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)_mm512_set1_epi32(xi), w);
+            }
+        }
+    }
+    for (; p < P; ++p) {
+        __m512bh w = load_w32_i8_bf16(wg + (long)p * 2 * G);
+        for (int r = 0; r < rows; ++r)
+            acc[r][p & 1] = _mm512_dpbf16_ps(acc[r][p & 1], (__m512bh)x_pair(x + (long)r * K, 2 * p, K), w);
+    }
+    for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);
+}
+
+static void i8dp_groups(const gemv_args* a, int begin, int end) {
+    const uint16_t* x = a->x; const int8_t* w = a->w; int R = a->R, K = a->K, N = a->N;
+    long gstride = (long)((K + 1) / 2) * 2 * G;
+    for (int g = begin; g < end; ++g) {
+        const int8_t* wg = w + g * gstride;
+        for (int r0 = 0; r0 < R; r0 += RB) {
+            int rows = R - r0 < RB ? R - r0 : RB;
+            __m512 out[RB];
+            const uint16_t* xb = x + (long)r0 * K;
+            switch (rows) {
+                case 8: group_i8dp(xb, wg, 8, K, out); break;
+                case 7: group_i8dp(xb, wg, 7, K, out); break;
+                case 6: group_i8dp(xb, wg, 6, K, out); break;
+                case 5: group_i8dp(xb, wg, 5, K, out); break;
+                case 4: group_i8dp(xb, wg, 4, K, out); break;
+                case 3: group_i8dp(xb, wg, 3, K, out); break;
+                case 2: group_i8dp(xb, wg, 2, K, out); break;
+                default: group_i8dp(xb, wg, 1, K, out); break;
+            }
+            store_group(a->y + (long)r0 * N, N, g * G, rows, out, a->scale, a->bias);
+        }
+    }
+}
+
+void gemv_i8dp(const uint16_t* x, const int8_t* w, const float* scale, const float* bias, float* y,
+               int R, int K, int N, int nthreads) {
+    gemv_args a = {x, w, scale, bias, y, R, K, N};
+    share(i8dp_groups, &a, (N + G - 1) / G, 2, nthreads);
 }
 int has_bf16dp(void) { return 1; }
 #else

@@ -1,6 +1,7 @@
 """The fused decoder-stack forward (tts_common.kernels.fused_stack): close to the torch path with
 the same packed GEMV kernels (hidden states and every K/V written; int8 with float32 or
-bfloat16 activations, gemv-bf16, gemv-bf16dp, and the AMX kernels where the CPU has them), a row's outputs and cache writes bit-identical
+bfloat16 activations, gemv-bf16, gemv-bf16dp, gemv-int8dp, and the AMX kernels where the CPU has
+them), a row's outputs and cache writes bit-identical
 whatever rows share its call, set up only where every linear is one of our packed GEMV kernels,
 and used only for the attention layouts it computes."""
 
@@ -31,7 +32,11 @@ FAMILIES = {
     "bf16": (torch.bfloat16, "gemv-bf16"),
     "int8-split": (torch.float32, "gemv-int8"),
     "bf16-split": (torch.bfloat16, "gemv-bf16"),
-    **({"bf16dp": (torch.bfloat16, "gemv-bf16dp")} if bf16_dot_available() else {}),
+    **(
+        {"bf16dp": (torch.bfloat16, "gemv-bf16dp"), "int8dp-bf16": (torch.bfloat16, "gemv-int8dp")}
+        if bf16_dot_available()
+        else {}
+    ),
     **(
         {
             "int8amx": (torch.float32, "gemv-int8amx"),
@@ -225,6 +230,7 @@ def test_only_stacks_of_one_packed_gemv_get_a_fused_forward() -> None:
         (torch.bfloat16, "bfloat16", "onednn-bf16"),
         (torch.bfloat16, "bfloat16", "gemvrow-bf16dp"),  # our dot product, not packed
         (torch.float32, "bfloat16", "gemv-bf16"),  # bf16 weights in a float32 model
+        (torch.float32, "int8", "gemv-int8dp"),  # it would round a float32 model's activations
     ]
     for dtype, family, kernel in cases:
         if not candidate_available(kernel):

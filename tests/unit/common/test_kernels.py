@@ -49,6 +49,7 @@ TOLERANCE = {
     "int8": 2e-2,
     "int8amx": 2e-2,
     "int8x4amx": 2e-2,
+    "int8dp": 2e-2,
 }
 """Relative tolerance against float32 nn.Linear, by the kernel's precision."""
 
@@ -67,14 +68,18 @@ def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
 GEMV_KINDS = [
     "int8",
     "bf16",
-    *(["bf16dp", "bf16dp-rows"] if bf16_dot_available() else []),
+    *(["bf16dp", "bf16dp-rows", "int8dp"] if bf16_dot_available() else []),
     *(["bf16amx", "int8amx"] if amx_bf16_available() else []),
     *(["int8x4amx"] if amx_int8_available() else []),
 ]
 """Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
-row-wise, on AMX-BF16 tiles (bf16, and int8 with float32 activations) and on AMX-INT8 tiles
+row-wise (and with int8 weights widened to bf16), on AMX-BF16 tiles (bf16, and int8 with float32 activations) and on AMX-INT8 tiles
 (int8 with the activations as int8 digits). Each is tested only where the CPU has its instructions (and,
 for AMX, the OS grants the tile state): elsewhere it cannot run and the engine never offers it."""
+
+
+BF16_X_KINDS = frozenset({"bf16dp", "bf16dp-rows", "bf16amx", "int8dp"})
+"""The kinds that take bf16 activations."""
 
 
 def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed: int):  # type: ignore[no-untyped-def]
@@ -82,7 +87,7 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
     weight, scale = quantize_int8(w) if kind.startswith("int8") else (w.bfloat16(), None)
-    if kind.startswith("bf16dp") or kind == "bf16amx":
+    if kind in BF16_X_KINDS:
         x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
     return x, weight, scale, b
@@ -95,7 +100,7 @@ def _flags(kind: str) -> dict[str, bool]:
 def _packed(kind: str, weight: torch.Tensor):  # type: ignore[no-untyped-def]
     if kind == "bf16dp-rows":
         return weight
-    x_dtype = torch.bfloat16 if kind.startswith("bf16dp") or kind == "bf16amx" else torch.float32
+    x_dtype = torch.bfloat16 if kind in BF16_X_KINDS else torch.float32
     return pack_weight(weight, kernel_k_group(x_dtype, weight.dtype, **_flags(kind)))
 
 
@@ -295,6 +300,35 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "gemv", "none", (1,))
     plain = nn.Linear(4, 4)
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
+
+
+@pytest.mark.parametrize(
+    "dtype",
+    [
+        torch.float32,
+        pytest.param(
+            torch.bfloat16,
+            marks=pytest.mark.skipif(not bf16_dot_available(), reason="no AVX512-BF16 on this CPU"),
+        ),
+    ],
+)
+def test_int8_kernels_of_bf16_activations_are_timed_only_for_a_bfloat16_model(monkeypatch, dtype) -> None:  # type: ignore[no-untyped-def]
+    # gemv-int8dp rounds its activations to bf16: a float32 model's int8 linears must never get
+    # it (nor time it); a bfloat16 model's are exact in it, so it competes there.
+    timed: list[tuple[str, ...]] = []
+
+    def time_kernels(kernels, shape, buckets, repeat=1):  # type: ignore[no-untyped-def]
+        timed.append(tuple(kernels))
+        # gemv-int8dp fastest wherever it is timed: chosen wherever it is offered
+        return {k: dict.fromkeys(buckets, 1e-6 if k == "gemv-int8dp" else 1e-3) for k in kernels}
+
+    monkeypatch.setattr(choice, "time_kernels", time_kernels)
+    monkeypatch.setattr(choice, "candidate_available", lambda name: True)
+    model = nn.Sequential(nn.Linear(16, 32)).to(dtype)
+    _, table = choice.set_up_linears(model, "cpu", dtype, "auto", "int8", (1, 2))
+    assert table is not None and timed
+    assert all(("gemv-int8dp" in kernels) == (dtype == torch.bfloat16) for kernels in timed)
+    assert (set(table.chosen.values()) == {"gemv-int8dp"}) == (dtype == torch.bfloat16)
 
 
 def test_a_cached_kernel_this_machine_lacks_is_never_chosen(monkeypatch) -> None:  # type: ignore[no-untyped-def]
