@@ -14,10 +14,11 @@ among them changes only the summation order (last bits), never the model:
   activations, or the bfloat16 model's bf16 activations widened exactly: ``torch-int8``
   (``torch._weight_int8pack_mm``), ``gemv-int8`` (ours), ``gemv-int8dp`` (ours with the
   AVX512-BF16 dot product, the weights widened to bf16 (exact), in a bfloat16 model only
-  (:data:`BF16_ACTIVATIONS_ONLY`): exact products, float32 sums in another order; 8 rows cost
-  ~1.6x fewer instructions than with FMAs) and
-  ``gemv-int8amx`` (ours on AMX-BF16 tiles, the activations split exactly into three bf16:
-  the same exact products, float32 sums in another order) and ``gemv-int8x4amx`` (ours on
+  (:data:`BF16_ACTIVATIONS_ONLY`): exact products, float32 sums in another order; one widening
+  serves 8 rows' dot products, so 8 rows ran 1.6x as fast as ``gemv-int8``'s FMAs on an
+  AVX512-BF16 EPYC), ``gemv-int8amx`` (ours on AMX-BF16 tiles, the activations split exactly
+  into three bf16: the same exact products, float32 sums in another order) and
+  ``gemv-int8x4amx`` (ours on
   AMX-INT8 tiles: each row of activations as four int8 digits under a power-of-two scale, so
   its sums are exact integers and an activation is kept to 27 bits below its row's largest
   magnitude, :mod:`.amx_int8_source`; within float32 rounding of the others, closer to the
@@ -352,9 +353,9 @@ def make_candidate(
 
 
 __all__ = [
+    "BF16_ACTIVATIONS_ONLY",
     "CANDIDATES",
     "FAMILIES",
-    "BF16_ACTIVATIONS_ONLY",
     "FAMILY_DTYPE",
     "KernelLinear",
     "NOT_BATCH_INVARIANT",
