@@ -97,15 +97,17 @@ static inline void store_group(float* y, long N, int n0, int rows, const v16* ou
 }
 
 
-#define DEFINE_KERNEL(NAME, GROUP, WT)                                                         \
+/* The kernel NAME over packed groups: x of XT, weights of WT, KP x 16 weights a group (KP: K, or
+   K rounded up to whole pairs for the dot product). */
+#define DEFINE_KERNEL(NAME, GROUP, XT, WT, KP)                                                 \
 static void NAME##_groups(const gemv_args* a, int begin, int end) {                            \
-    const float* x = a->x; const WT* w = a->w; int R = a->R, K = a->K, N = a->N;               \
+    const XT* x = a->x; const WT* w = a->w; int R = a->R, K = a->K, N = a->N;                  \
     for (int g = begin; g < end; ++g) {                                                        \
-        const WT* wg = w + (long)g * K * G;                                                    \
+        const WT* wg = w + (long)g * (KP) * G;                                                 \
         for (int r0 = 0; r0 < R; r0 += RB) {                                                   \
             int rows = R - r0 < RB ? R - r0 : RB;                                              \
             v16 out[RB];                                                                       \
-            const float* xb = x + (long)r0 * K;                                                \
+            const XT* xb = x + (long)r0 * K;                                                   \
             /* A constant row count per call: the accumulators stay in registers. */           \
             switch (rows) {                                                                    \
                 case 8: GROUP(xb, wg, 8, K, out); break;                                       \
@@ -121,14 +123,14 @@ static void NAME##_groups(const gemv_args* a, int begin, int end) {             
         }                                                                                      \
     }                                                                                          \
 }                                                                                              \
-void NAME(const float* x, const WT* w, const float* scale, const float* bias, float* y,        \
+void NAME(const XT* x, const WT* w, const float* scale, const float* bias, float* y,           \
           int R, int K, int N, int nthreads) {                                                 \
     gemv_args a = {x, w, scale, bias, y, R, K, N};                                             \
     share(NAME##_groups, &a, (N + G - 1) / G, 2, nthreads);                                    \
 }
 
-DEFINE_KERNEL(gemv_i8, group_i8, int8_t)
-DEFINE_KERNEL(gemv_bf16, group_bf16, uint16_t)
+DEFINE_KERNEL(gemv_i8, group_i8, float, int8_t, K)
+DEFINE_KERNEL(gemv_bf16, group_bf16, float, uint16_t, K)
 
 #ifdef __AVX512BF16__
 /* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
@@ -176,35 +178,7 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
         group_bf16dp_pass(x + (long)r0 * K, wg, rows - r0 < DP_RB ? rows - r0 : DP_RB, K, out + r0);
 }
 
-static void bf16dp_groups(const gemv_args* a, int begin, int end) {
-    const uint16_t* x = a->x; const uint16_t* w = a->w; int R = a->R, K = a->K, N = a->N;
-    long gstride = (long)((K + 1) / 2) * 2 * G;
-    for (int g = begin; g < end; ++g) {
-        const uint16_t* wg = w + (long)g * gstride;
-        for (int r0 = 0; r0 < R; r0 += RB) {
-            int rows = R - r0 < RB ? R - r0 : RB;
-            __m512 out[RB];
-            const uint16_t* xb = x + (long)r0 * K;
-            switch (rows) {
-                case 8: group_bf16dp(xb, wg, 8, K, out); break;
-                case 7: group_bf16dp(xb, wg, 7, K, out); break;
-                case 6: group_bf16dp(xb, wg, 6, K, out); break;
-                case 5: group_bf16dp(xb, wg, 5, K, out); break;
-                case 4: group_bf16dp(xb, wg, 4, K, out); break;
-                case 3: group_bf16dp(xb, wg, 3, K, out); break;
-                case 2: group_bf16dp(xb, wg, 2, K, out); break;
-                default: group_bf16dp(xb, wg, 1, K, out); break;
-            }
-            store_group(a->y + (long)r0 * N, N, g * G, rows, out, a->scale, a->bias);
-        }
-    }
-}
-
-void gemv_bf16dp(const uint16_t* x, const uint16_t* w, const float* scale, const float* bias, float* y,
-                 int R, int K, int N, int nthreads) {
-    gemv_args a = {x, w, scale, bias, y, R, K, N};
-    share(bf16dp_groups, &a, (N + G - 1) / G, 2, nthreads);
-}
+DEFINE_KERNEL(gemv_bf16dp, group_bf16dp, uint16_t, uint16_t, (K + 1) / 2 * 2)
 /* The row-wise layout (``gemvrow-bf16dp``): w as given, [N][K]; one output at a time, four
    accumulators over k in steps of 128, then steps of 32 into the first, a fixed 16-lane
    reduction and a scalar tail. */
@@ -300,35 +274,7 @@ void group_i8dp(const uint16_t* x, const int8_t* wg, int rows, int K, __m512 out
     for (int r = 0; r < rows; ++r) out[r] = _mm512_add_ps(acc[r][0], acc[r][1]);
 }
 
-static void i8dp_groups(const gemv_args* a, int begin, int end) {
-    const uint16_t* x = a->x; const int8_t* w = a->w; int R = a->R, K = a->K, N = a->N;
-    long gstride = (long)((K + 1) / 2) * 2 * G;
-    for (int g = begin; g < end; ++g) {
-        const int8_t* wg = w + g * gstride;
-        for (int r0 = 0; r0 < R; r0 += RB) {
-            int rows = R - r0 < RB ? R - r0 : RB;
-            __m512 out[RB];
-            const uint16_t* xb = x + (long)r0 * K;
-            switch (rows) {
-                case 8: group_i8dp(xb, wg, 8, K, out); break;
-                case 7: group_i8dp(xb, wg, 7, K, out); break;
-                case 6: group_i8dp(xb, wg, 6, K, out); break;
-                case 5: group_i8dp(xb, wg, 5, K, out); break;
-                case 4: group_i8dp(xb, wg, 4, K, out); break;
-                case 3: group_i8dp(xb, wg, 3, K, out); break;
-                case 2: group_i8dp(xb, wg, 2, K, out); break;
-                default: group_i8dp(xb, wg, 1, K, out); break;
-            }
-            store_group(a->y + (long)r0 * N, N, g * G, rows, out, a->scale, a->bias);
-        }
-    }
-}
-
-void gemv_i8dp(const uint16_t* x, const int8_t* w, const float* scale, const float* bias, float* y,
-               int R, int K, int N, int nthreads) {
-    gemv_args a = {x, w, scale, bias, y, R, K, N};
-    share(i8dp_groups, &a, (N + G - 1) / G, 2, nthreads);
-}
+DEFINE_KERNEL(gemv_i8dp, group_i8dp, uint16_t, int8_t, (K + 1) / 2 * 2)
 int has_bf16dp(void) { return 1; }
 #else
 int has_bf16dp(void) { return 0; }
