@@ -287,8 +287,10 @@ def gemv(
             raise RuntimeError("the GEMV kernel has no AMX-BF16 tiles for this layout on this machine")
         fn = lib.gemv_bf16dp_rows if rows_layout else lib.gemv_bf16amx if amx else lib.gemv_bf16dp
     elif int8_dot:
-        if rows_layout or not bf16_dot_available():
-            raise RuntimeError("the GEMV kernel has no bf16 dot product for this layout on this machine")
+        if rows_layout:
+            raise ValueError("the row-wise layout is the bf16 dot product's on bf16 weights only")
+        if not bf16_dot_available():
+            raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
         fn = lib.gemv_i8dp
     elif amx and weight.dtype != torch.int8:
         raise ValueError("the AMX kernels take int8 weights or bfloat16 activations and weights")

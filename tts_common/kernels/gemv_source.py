@@ -7,14 +7,15 @@ compiles. ``y[r, n] = scale[n] * sum_k x[r, k] * w[n, k] + bias[n]`` with fp32 `
 int8 or bfloat16 ``w`` (``scale`` only for int8), or bf16 ``x`` with bf16 or int8 ``w`` and the
 bf16 dot product.
 
-Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``, ``gemv_i8dp``): the weight is pre-packed at load in
-groups of 16 output channels, k-major, one vector lane per channel (:func:`.gemv.pack_weight`).
-A step loads 16 channels' weights for one k (two for the dot product) and multiplies them by that
-k's activation broadcast, so no horizontal reduction is needed, each thread streams contiguous
-memory, and one weight load (and widening) serves up to 8 rows (``RB``). Why: at one row the
-earlier row-wise kernel spent its time in the per-output reductions and the short 1 KiB rows,
-reading int8 weights at 10-17 GB/s on the dev EPYC; packed, 22-28 GB/s (``bench/gemv_bench.py``);
-and with 4 rows a pass, 8 rows read the weights twice and cost about twice one row on the dev Xeon.
+Packed layout (``gemv_i8``, ``gemv_bf16``, ``gemv_bf16dp``, ``gemv_i8dp``): the weight is
+pre-packed at load in groups of 16 output channels, k-major, one vector lane per channel
+(:func:`.gemv.pack_weight`). A step loads 16 channels' weights for one k (two for the dot
+product) and multiplies them by that k's activation broadcast, so no horizontal reduction is
+needed, each thread streams contiguous memory, and one weight load (and widening) serves up to
+8 rows (``RB``). Why: at one row the earlier row-wise kernel spent its time in the per-output
+reductions and the short 1 KiB rows, reading int8 weights at 10-17 GB/s on the dev EPYC; packed,
+22-28 GB/s (``bench/gemv_bench.py``); and with 4 rows a pass, 8 rows read the weights twice and
+cost about twice one row on the dev Xeon.
 
 Each output sums in one order whatever the rows: two accumulators by k mod 2 (pairs of k for the
 dot product), then ``a0 + a1``; the scale and bias are applied after. So a row's result never
@@ -257,6 +258,7 @@ void group_i8dp(const uint16_t* x, const int8_t* wg, int rows, int K, __m512 out
     for (int r = 0; r < RB; ++r) acc[r][0] = acc[r][1] = _mm512_setzero_ps();
     int P = (K + 1) / 2, p = 0;
     for (; p + 2 <= P && 2 * p + 4 <= K; p += 2) {
+        /* every line, 8 KiB ahead (the FMA kernel's PREFETCH in k pairs; not tuned for this one) */
         _mm_prefetch((const char*)(wg + (long)(p + PREFETCH) * 2 * G), _MM_HINT_T0);
         for (int j = 0; j < 2; ++j) {
             __m512bh w = load_w32_i8_bf16(wg + (long)(p + j) * 2 * G);
