@@ -63,10 +63,10 @@ AVX2_FLAGS = frozenset({"avx2", "fma"})
 AVX-512 ones are missing."""
 
 
-def library_isa(flags: frozenset[str] | set[str] | None = None) -> str | None:
-    """Which build of the library a CPU with ``flags`` (default: this one's) gets: "avx512",
-    "avx2" or None (neither: the torch path)."""
-    flags = cpu_flags() if flags is None else flags
+def library_isa() -> str | None:
+    """Which build of the library this CPU gets: "avx512", "avx2" or None (neither: the torch
+    path)."""
+    flags = cpu_flags()
     return "avx512" if AVX512_FLAGS <= flags else "avx2" if AVX2_FLAGS <= flags else None
 
 

@@ -31,8 +31,8 @@ reads bf16 weights faster at one row and slower at eight; the kernel choice meas
 The AMX kernels on the same packed layout are :mod:`.amx_source`; the work sharing (``share``,
 ``gemv_args``) is :mod:`.pool_source` and the vector (``v16``, ``tail_mask``) :mod:`.vec_source`,
 both compiled before this (:data:`.gemv.LIBRARY_SOURCE`). Internals other C code may call:
-``group_i8``, ``group_bf16``, ``group_bf16dp`` (one group, up to ``RB`` rows) and
-``store_group``.
+``group_i8``, ``group_bf16``, ``group_bf16dp``, ``group_i8dp`` (one group, up to ``RB`` rows)
+and ``store_group``.
 """
 
 SOURCE = r"""
@@ -248,9 +248,8 @@ void gemv_bf16dp_rows(const uint16_t* x, const uint16_t* w, const float* scale, 
    pass, two accumulators each (pairs p = 2i + j into acc[r][j], the tail likewise, then
    a0 + a1): one widening serves 8 rows, where the FMA kernel spends 8 FMAs per 16 weights. */
 static inline __m512bh load_w32_i8_bf16(const int8_t* p) {
-    __m512 lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
-    __m512 hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(p + 16))));
-    return _mm512_cvtne2ps_pbh(hi, lo); /* lo's 16 values first: pairs of outputs 0-7, then 8-15 */
+    /* the first 16 values first: pairs of outputs 0-7, then 8-15 */
+    return _mm512_cvtne2ps_pbh(load_w16_i8(p + 16), load_w16_i8(p));
 }
 static inline __attribute__((always_inline))
 void group_i8dp(const uint16_t* x, const int8_t* wg, int rows, int K, __m512 out[RB]) {

@@ -118,14 +118,18 @@ static void rope(float* x, const float* cos_row, const float* sin_row, int hd, i
     memcpy(x, tmp, sizeof(float) * hd);
 }
 
-/* n values into the cache (bf16: already rounded, so the top 16 bits are the value) */
+/* n float32 values holding bf16 values (already rounded: the top 16 bits are the value) as bf16 */
+static void store_bf16_values(uint16_t* dst, const float* v, long n) {
+    for (long i = 0; i < n; i += 16) {
+        m16 m = tail_mask(n - i);
+        v16_store_bf16(dst + i, m, v16_load(m, v + i));
+    }
+}
+
+/* n values into the cache (bf16: already rounded) */
 static void store_kv(void* cache, long at, const float* v, int n, int bf16) {
     if (!bf16) { memcpy((float*)cache + at, v, sizeof(float) * n); return; }
-    uint16_t* c = (uint16_t*)cache + at;
-    for (int i = 0; i < n; i += 16) {
-        m16 m = tail_mask(n - i);
-        v16_store_bf16(c + i, m, v16_load(m, v + i));
-    }
+    store_bf16_values((uint16_t*)cache + at, v, n);
 }
 
 typedef struct {
@@ -248,11 +252,7 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
 #endif
     } else {
 #ifdef __AVX512BF16__
-        long n = (long)R * K;
-        for (long i = 0; i < n; i += 16) {  /* x holds bf16 values: the top 16 bits */
-            m16 m = tail_mask(n - i);
-            v16_store_bf16(xb + i, m, v16_load(m, x + i));
-        }
+        store_bf16_values(xb, x, (long)R * K); /* x holds bf16 values */
         if (kind == K_BF16DP) {
             gemv_bf16dp(xb, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
         } else if (kind == K_I8DP) {

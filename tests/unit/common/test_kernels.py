@@ -73,9 +73,10 @@ GEMV_KINDS = [
     *(["int8x4amx"] if amx_int8_available() else []),
 ]
 """Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
-row-wise (and with int8 weights widened to bf16), on AMX-BF16 tiles (bf16, and int8 with float32 activations) and on AMX-INT8 tiles
-(int8 with the activations as int8 digits). Each is tested only where the CPU has its instructions (and,
-for AMX, the OS grants the tile state): elsewhere it cannot run and the engine never offers it."""
+row-wise (and with int8 weights widened to bf16), on AMX-BF16 tiles (bf16, and int8 with
+float32 activations) and on AMX-INT8 tiles (int8 with the activations as int8 digits). Each is
+tested only where the CPU has its instructions (and, for AMX, the OS grants the tile state):
+elsewhere it cannot run and the engine never offers it."""
 
 
 BF16_X_KINDS = frozenset({"bf16dp", "bf16dp-rows", "bf16amx", "int8dp"})
