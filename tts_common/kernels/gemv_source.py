@@ -136,18 +136,20 @@ DEFINE_KERNEL(gemv_bf16, group_bf16, float, uint16_t, K)
 #ifdef __AVX512BF16__
 /* bf16 x and w, the dot-product instruction: group g is [ceil(K/2)][16][2] (pairs of k per
    lane; a missing k is zero). acc[r][j] sums pairs p = 4i + j, the tail into acc[r][0], then
-   (a0 + a1) + (a2 + a3). Four rows a pass (DP_RB), four accumulators each: two accumulators and
-   8 rows a pass (as DEFINE_GROUP) ran one row at 60% of this speed on weights in cache and 8
-   rows no faster; at 8 rows the AMX kernel (gemv_bf16amx) is the fast one. */
-#define DP_RB 4
+   (a0 + a1) + (a2 + a3). All rows (up to RB) in one pass, four accumulators each: two
+   accumulators (as DEFINE_GROUP) ran one row at 60% of this speed on weights in cache. The 32
+   accumulators of 8 rows leave no register for the weights and the broadcast, so the compiler
+   spills a few; that still reads 11-13% more GB/s at 8 rows than two passes of 4 rows (which
+   stream each group twice), and the same at 1 and 4 rows (bench/kernel_ab.py, Zen 4, side by
+   side). With AMX the AMX kernel (gemv_bf16amx) is the fast one at 8 rows. */
 static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
     uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
     return _mm512_set1_epi32((int)(lo | (hi << 16)));
 }
 static inline __attribute__((always_inline))
-void group_bf16dp_pass(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512* out) {
-    __m512 acc[DP_RB][4];
-    for (int r = 0; r < DP_RB; ++r)
+void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
+    __m512 acc[RB][4];
+    for (int r = 0; r < RB; ++r)
         for (int j = 0; j < 4; ++j) acc[r][j] = _mm512_setzero_ps();
     int P = (K + 1) / 2, p = 0;
     for (; p + 4 <= P && 2 * p + 8 <= K; p += 4) {
@@ -172,13 +174,6 @@ void group_bf16dp_pass(const uint16_t* x, const uint16_t* wg, int rows, int K, _
     for (int r = 0; r < rows; ++r)
         out[r] = _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3]));
 }
-/* Up to RB rows, in passes of DP_RB. */
-static inline __attribute__((always_inline))
-void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
-    for (int r0 = 0; r0 < rows; r0 += DP_RB)
-        group_bf16dp_pass(x + (long)r0 * K, wg, rows - r0 < DP_RB ? rows - r0 : DP_RB, K, out + r0);
-}
-
 DEFINE_KERNEL(gemv_bf16dp, group_bf16dp, uint16_t, uint16_t, (K + 1) / 2 * 2)
 /* The row-wise layout (``gemvrow-bf16dp``): w as given, [N][K]; one output at a time, four
    accumulators over k in steps of 128, then steps of 32 into the first, a fixed 16-lane
