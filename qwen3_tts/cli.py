@@ -66,8 +66,8 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
         "--dtype",
         default="float32",
         choices=DTYPE_CHOICES,
-        help="auto = bfloat16 where the device multiplies it natively, else float32 (default float32: "
-        "parity with the official implementation)",
+        help="auto = bfloat16 where it is faster (CUDA with bf16; on CPU, by measuring), else float32 "
+        "(default float32: parity with the official implementation)",
     )
     p.add_argument("--out", type=Path, help="output WAV (with --text / --text-file)")
     p.add_argument("--codes-out", type=Path, help="codes .npy [frames, 16] (with --text / --text-file)")
