@@ -141,7 +141,7 @@ DEFINE_KERNEL(gemv_bf16, group_bf16, float, uint16_t, K)
    accumulators of 8 rows leave no register for the weights and the broadcast, so the compiler
    spills a few; that still reads 9-21% more GB/s at 8 rows than two passes of 4 rows, which
    streamed each group twice (24.5-25.9 against 20.3-23.3 GB/s), and the same at 1 and 4 rows
-   (bench/kernel_ab.py, Zen 4, side by side). With AMX the AMX kernel (gemv_bf16amx) is the fast one at 8 rows. */
+   (bench/kernel_ab.py, Zen 4, side by side). With AMX, gemv_bf16amx is the fast one at 8 rows. */
 static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
     uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
     return _mm512_set1_epi32((int)(lo | (hi << 16)));
