@@ -24,7 +24,7 @@ import torch.nn.functional as F
 
 from .decode_attention import InPlaceAttention
 from .layers import AttentionSpec
-from .sampling import SamplingTensors, apply_talker_penalties, choose_tokens
+from .sampling import SamplingTensors, TokenChoice, apply_talker_penalties, choose_tokens
 from .talker import KVCache, Talker
 
 
@@ -278,6 +278,16 @@ def predict_residual_codes(
         prefix_only=True,  # positions 0, 1 of each row's own slot, causal
     )
     h = cp.model.run_layers(x, k_cache, v_cache, spec)
+    # One preparation for the G-1 choices (same rows, same vocabulary): fewer ops per choice.
+    choice = None
+    if noise is not None:
+        choice = TokenChoice.prepare(
+            sp.subtalker_temperature,
+            sp.subtalker_top_k,
+            sp.subtalker_top_p,
+            cp.cfg.vocab_size,
+            sp.subtalker_do_sample,
+        )
     codes: list[torch.Tensor] = []
     for step in range(groups - 1):
         if step > 0:
@@ -292,16 +302,10 @@ def predict_residual_codes(
             )
             h = cp.model.run_layers(x, k_cache, v_cache, spec)
         logits = cp.lm_head[step](h[:, -1]).to(torch.float32)
-        codes.append(
-            choose_tokens(
-                logits,
-                sp.subtalker_do_sample,
-                sp.subtalker_temperature,
-                sp.subtalker_top_k,
-                sp.subtalker_top_p,
-                None if noise is None else noise[:, step],
-            )
-        )
+        if choice is None or noise is None:  # all greedy: a static choice of the caller
+            codes.append(logits.argmax(dim=-1))
+        else:
+            codes.append(choice.choose(logits, noise[:, step]))
     return torch.stack(codes, dim=1)
 
 

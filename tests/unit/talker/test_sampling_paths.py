@@ -1,5 +1,6 @@
 """The CPU fast path of the sampling warp (``topk`` of the batch's largest k, top-p skipped when
-no row uses it) gives the same scores, bit for bit, as the static-shape path CUDA graphs run."""
+no row uses it, no greedy argmax when every row samples) gives the same scores and tokens, bit for
+bit, as the static-shape path CUDA graphs run; a choice prepared once serves every call."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from talker_service.model.sampling import warp_for_sampling
+from talker_service.model.sampling import TokenChoice, choose_tokens, warp_for_sampling
 
 
 @st.composite
@@ -43,3 +44,32 @@ def test_cpu_defaults_to_the_fast_path_and_skips_an_unused_top_p() -> None:
     assert torch.equal(warp_for_sampling(*args), warp_for_sampling(*args, static_shapes=True))
     kept = torch.isfinite(warp_for_sampling(*args)).sum(dim=-1)
     assert kept.tolist() == [5, 5]
+
+
+@settings(max_examples=300, deadline=None)
+@given(warp_inputs(), st.integers(0, 2**31 - 1), st.sampled_from(["all", "none", "mixed"]), st.integers(1, 4))
+def test_a_choice_prepared_once_picks_the_static_paths_tokens(
+    inputs: tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor],
+    seed: int,
+    sampling: str,
+    calls: int,
+) -> None:
+    logits, temperature, top_k, top_p = inputs
+    rows, vocab = logits.shape
+    g = torch.Generator().manual_seed(seed)
+    do_sample = {
+        "all": torch.ones(rows, dtype=torch.bool),
+        "none": torch.zeros(rows, dtype=torch.bool),
+        "mixed": torch.rand(rows, generator=g) < 0.5,
+    }[sampling]
+    fast = TokenChoice.prepare(temperature, top_k, top_p, vocab, do_sample, static_shapes=False)
+    static = TokenChoice.prepare(temperature, top_k, top_p, vocab, do_sample, static_shapes=True)
+    assert (fast.do_sample is None) == bool(do_sample.all())  # the all-sampling shortcut, CPU only
+    for _ in range(calls):  # one preparation, several calls (the code predictor's 15 per step)
+        step_logits = logits + torch.randint(0, 3, logits.shape, generator=g).float() / 3
+        noise = -torch.log(-torch.log(torch.rand(rows, vocab, generator=g).clamp_min(1e-9)))
+        tokens = fast.choose(step_logits, noise)
+        assert torch.equal(tokens, static.choose(step_logits, noise))
+        assert torch.equal(tokens, choose_tokens(step_logits, do_sample, temperature, top_k, top_p, noise))
+        greedy = step_logits.argmax(dim=-1)
+        assert torch.equal(tokens[~do_sample], greedy[~do_sample])
