@@ -308,8 +308,8 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
             return None
         if any(n.eps != eps for n, _ in norms) or any(g.bias is not None for g in [*gate_up_parts, down]):  # type: ignore[union-attr]
             return None
-        # Each linear keeps the kernel the choice kept for its shape; the bf16-weight kernels
-        # take bf16 activations only (their family's model dtype).
+        # Each linear keeps the kernel the choice kept for its shape; all but INT8_KINDS (bf16
+        # weights, or int8 widened to bf16) take bf16 activations only.
         if any(lin.kernel not in INT8_KINDS and dtype != torch.bfloat16 for lin in linears):  # type: ignore[union-attr]
             return None
         q, k, v = (qkv_parts * 3)[:3] if len(qkv_parts) == 1 else qkv_parts

@@ -146,6 +146,11 @@ static inline __m512i x_pair(const uint16_t* xr, int k, int K) {
     uint32_t lo = xr[k], hi = k + 1 < K ? xr[k + 1] : 0;
     return _mm512_set1_epi32((int)(lo | (hi << 16)));
 }
+/* x_pair where k + 1 < K: one dword load, broadcast */
+static inline __m512bh x_pair_in(const uint16_t* xr, int k) {
+    int xi; memcpy(&xi, xr + k, 4);
+    return (__m512bh)_mm512_set1_epi32(xi);
+}
 static inline __attribute__((always_inline))
 void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512 out[RB]) {
     __m512 acc[RB][4];
@@ -158,12 +163,8 @@ void group_bf16dp(const uint16_t* x, const uint16_t* wg, int rows, int K, __m512
         for (int q = 0; q < 4; ++q) _mm_prefetch((const char*)(wg + (long)(p + 128 + q) * 2 * G), _MM_HINT_T0);
         for (int j = 0; j < 4; ++j) {
             __m512bh w = (__m512bh)_mm512_loadu_si512(wg + (long)(p + j) * 2 * G);
-            for (int r = 0; r < rows; ++r) {
-                const uint16_t* xr = x + (long)r * K;
-                int xi; memcpy(&xi, xr + 2 * (p + j), 4);
-                __m512i xv = _mm512_set1_epi32(xi);
-                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)xv, w);
-            }
+            for (int r = 0; r < rows; ++r)
+                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x_pair_in(x + (long)r * K, 2 * (p + j)), w);
         }
     }
     for (; p < P; ++p) {
@@ -256,10 +257,8 @@ void group_i8dp(const uint16_t* x, const int8_t* wg, int rows, int K, __m512 out
         _mm_prefetch((const char*)(wg + (long)(p + PREFETCH) * 2 * G), _MM_HINT_T0);
         for (int j = 0; j < 2; ++j) {
             __m512bh w = load_w32_i8_bf16(wg + (long)(p + j) * 2 * G);
-            for (int r = 0; r < rows; ++r) {
-                int xi; memcpy(&xi, x + (long)r * K + 2 * (p + j), 4);
-                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], (__m512bh)_mm512_set1_epi32(xi), w);
-            }
+            for (int r = 0; r < rows; ++r)
+                acc[r][j] = _mm512_dpbf16_ps(acc[r][j], x_pair_in(x + (long)r * K, 2 * (p + j)), w);
         }
     }
     for (; p < P; ++p) {
