@@ -33,8 +33,14 @@ from tts_common.kernels.gemv import LIBRARY_SOURCE, compile_library, pack_weight
 
 SHAPES = ((1024, 4096), (2048, 1024), (1024, 6144), (3072, 1024))
 """(in, out) of one talker layer's calls with q/k/v and gate/up fused."""
-KERNELS = {"int8": "gemv_i8", "bf16": "gemv_bf16", "bf16dp": "gemv_bf16dp", "int8dp": "gemv_i8dp"}
-"""``--kernel``: int8 or bf16 weights with float32 activations (FMAs), or bf16 activations with
+KERNELS = {
+    "fp32": "gemv_f32",
+    "int8": "gemv_i8",
+    "bf16": "gemv_bf16",
+    "bf16dp": "gemv_bf16dp",
+    "int8dp": "gemv_i8dp",
+}
+"""``--kernel``: float32, int8 or bf16 weights with float32 activations (FMAs), or bf16 activations with
 bf16 or int8 weights (the dot product)."""
 
 
@@ -59,6 +65,8 @@ def make_layers(
             if kernel in ("int8", "int8dp"):
                 q, scale = quantize_int8(w)
                 out.append((pack_weight(q, 2 if kernel == "int8dp" else 1).data, scale, k, n))
+            elif kernel == "fp32":
+                out.append((pack_weight(w).data, None, k, n))
             else:
                 out.append(
                     (pack_weight(w.to(torch.bfloat16), 2 if kernel == "bf16dp" else 1).data, None, k, n)

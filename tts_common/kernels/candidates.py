@@ -4,7 +4,8 @@
 Families: the candidates of a family compute the same layer at the same precision, so choosing
 among them changes only the summation order (last bits), never the model:
 
-* ``float32``: ``torch-fp32`` (``F.linear``: MKL) and ``onednn-fp32`` (pre-packed oneDNN);
+* ``float32``: ``torch-fp32`` (``F.linear``: MKL), ``onednn-fp32`` (pre-packed oneDNN) and
+  ``gemv-fp32`` (ours, :mod:`.gemv`: the float32 weights packed, read once for all rows);
 * ``bfloat16``: ``torch-bf16``, ``onednn-bf16``, ``gemv-bf16`` (ours, :mod:`.gemv`: float32
   FMAs), ``gemv-bf16dp`` (ours with the AVX512-BF16 dot product), ``gemvrow-bf16dp`` (the
   same instruction on the weight as given, row-wise: another summation order) and
@@ -56,7 +57,7 @@ from .gemv import (
 )
 
 FAMILIES: dict[str, tuple[str, ...]] = {
-    "float32": ("torch-fp32", "onednn-fp32"),
+    "float32": ("torch-fp32", "onednn-fp32", "gemv-fp32"),
     "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp", "gemv-bf16amx"),
     "int8": ("torch-int8", "gemv-int8", "gemv-int8dp", "gemv-int8amx", "gemv-int8x4amx"),
 }
@@ -163,7 +164,7 @@ class TorchInt8Linear(KernelLinear):
 
 
 class GemvLinear(KernelLinear):
-    """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales) or bfloat16 weights, packed
+    """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales), bfloat16 or float32 weights, packed
     once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
     dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
     as torch's bf16 GEMM does (the dot-product kernels take them as they are; ``amx``: on
@@ -193,6 +194,9 @@ class GemvLinear(KernelLinear):
             )
             self.input_dtype = torch.bfloat16 if bf16_dot else torch.float32
             q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
+        elif weight_dtype == torch.float32:
+            self.kernel, self.input_dtype = "gemv-fp32", torch.float32
+            q, scale = linear.weight.detach().float().contiguous(), None
         else:
             self.kernel = (
                 "gemv-bf16"
@@ -333,6 +337,8 @@ def make_candidate(
         return PackedLinear(linear, torch.bfloat16)
     if name == "torch-int8":
         return TorchInt8Linear(linear, quantized)
+    if name == "gemv-fp32":
+        return GemvLinear(linear, torch.float32)
     if name == "gemv-int8":
         return GemvLinear(linear, torch.int8, quantized)
     if name == "gemv-int8dp":

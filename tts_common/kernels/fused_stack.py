@@ -1,7 +1,7 @@
 """One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
-where every linear of the stack is one of our packed GEMV kernels: ``gemv-int8``,
-``gemv-int8amx`` or ``gemv-int8x4amx`` (``--quantization int8``), ``gemv-bf16``, ``gemv-bf16dp``
-or ``gemv-bf16amx`` (bfloat16).
+where every linear of the stack is one of our packed GEMV kernels: ``gemv-fp32`` (float32),
+``gemv-int8``, ``gemv-int8amx`` or ``gemv-int8x4amx`` (``--quantization int8``), ``gemv-bf16``,
+``gemv-bf16dp`` or ``gemv-bf16amx`` (bfloat16).
 
 Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
 times; with the linears at their memory-bandwidth floor, the ~7000 small torch ops, Python and
@@ -83,10 +83,11 @@ KINDS = {
     "gemv-bf16amx": 4,
     "gemv-int8x4amx": 5,
     "gemv-int8dp": 6,
+    "gemv-fp32": 7,
 }
 """The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
-INT8_KINDS = frozenset({"gemv-int8", "gemv-int8amx", "gemv-int8x4amx"})
-"""Those with int8 weights and float32 activations: the only ones a float32 stack can run."""
+FLOAT32_INPUT_KINDS = frozenset({"gemv-fp32", "gemv-int8", "gemv-int8amx", "gemv-int8x4amx"})
+"""Those with float32 activations (float32 weights, or int8): the only ones a float32 stack can run."""
 
 
 @dataclass(frozen=True)
@@ -308,9 +309,9 @@ def fuse_stack(stack: nn.Module) -> FusedStack | None:
             return None
         if any(n.eps != eps for n, _ in norms) or any(g.bias is not None for g in [*gate_up_parts, down]):  # type: ignore[union-attr]
             return None
-        # Each linear keeps the kernel the choice kept for its shape; all but INT8_KINDS (bf16
-        # weights, or int8 widened to bf16) take bf16 activations only.
-        if any(lin.kernel not in INT8_KINDS and dtype != torch.bfloat16 for lin in linears):  # type: ignore[union-attr]
+        # Each linear keeps the kernel the choice kept for its shape; all but FLOAT32_INPUT_KINDS
+        # (bf16 weights, or int8 widened to bf16) take bf16 activations only.
+        if any(lin.kernel not in FLOAT32_INPUT_KINDS and dtype != torch.bfloat16 for lin in linears):  # type: ignore[union-attr]
             return None
         q, k, v = (qkv_parts * 3)[:3] if len(qkv_parts) == 1 else qkv_parts
         gate, up = (gate_up_parts * 2)[:2] if len(gate_up_parts) == 1 else gate_up_parts

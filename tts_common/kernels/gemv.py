@@ -1,5 +1,5 @@
-"""Our weight-streaming GEMV for CPU decode steps: int8 (per-output-channel scales) or bfloat16
-weights, float32 activations, AVX-512 or AVX2 (:mod:`.vec_source`), built for this machine on first
+"""Our weight-streaming GEMV for CPU decode steps: int8 (per-output-channel scales), bfloat16 or
+float32 weights, float32 activations, AVX-512 or AVX2 (:mod:`.vec_source`), built for this machine on first
 use.
 
 Why: at one to a few rows a decode step's linear is bound by reading its weight, and the library
@@ -125,7 +125,15 @@ def _library() -> ctypes.CDLL | None:
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
     allocating = ("gemv_i8amx", "gemv_i8x4amx")  # these return -1 where out of memory
-    names = ("gemv_i8", "gemv_bf16", "gemv_bf16dp", "gemv_bf16dp_rows", "gemv_i8dp", "gemv_bf16amx")
+    names = (
+        "gemv_f32",
+        "gemv_i8",
+        "gemv_bf16",
+        "gemv_bf16dp",
+        "gemv_bf16dp_rows",
+        "gemv_i8dp",
+        "gemv_bf16amx",
+    )
     for name in (*names, *allocating):
         fn = getattr(lib, name, None)
         if fn is not None:
@@ -195,7 +203,7 @@ class PackedWeight:
     """A [N, K] weight in the kernel's packed layout (:func:`pack_weight`)."""
 
     data: torch.Tensor
-    """int8 or bfloat16 ``[ceil(N/16), K' / k_group, 16, k_group]``: ``k_group`` consecutive k
+    """int8, bfloat16 or float32 ``[ceil(N/16), K' / k_group, 16, k_group]``: ``k_group`` consecutive k
     per output channel, K' the input features padded (:data:`K_GROUP_PAD`); channels and k past
     the weight's are zero."""
     out_features: int
@@ -210,7 +218,7 @@ class PackedWeight:
 
 
 def pack_weight(weight: torch.Tensor, k_group: int = 1) -> PackedWeight:
-    """``weight`` [N, K] (int8 or bfloat16) in groups of 16 output channels, ``k_group``
+    """``weight`` [N, K] (int8, bfloat16 or float32) in groups of 16 output channels, ``k_group``
     consecutive k per channel (:class:`PackedWeight`), zero-padded."""
     n, k = weight.shape
     n_pad = -(-n // GROUP) * GROUP
@@ -240,7 +248,7 @@ def gemv(
 ) -> torch.Tensor:
     """``x @ (weight * scale[:, None]).T + bias`` in float32 with the compiled kernel.
 
-    ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required) or bfloat16 [N, K],
+    ``x`` float32 [R, K], ``weight`` int8 (``scale`` float32 [N] required), bfloat16 or float32 [N, K],
     packed (:func:`pack_weight` with :func:`kernel_k_group`; a plain tensor is packed for this
     call), ``bias`` float32 [N] or None. Returns float32 [R, N]. A bfloat16 ``x`` uses the bf16
     dot-product instruction (:func:`bf16_dot_available`) with bfloat16 weights, or with int8
@@ -304,6 +312,8 @@ def gemv(
         fn = lib.gemv_i8x4amx if x_digits else lib.gemv_i8amx if amx else lib.gemv_i8
     elif weight.dtype == torch.bfloat16:
         fn = lib.gemv_bf16
+    elif weight.dtype == torch.float32:
+        fn = lib.gemv_f32
     else:
         raise ValueError(f"unsupported weight dtype {weight.dtype}")
     status = fn(

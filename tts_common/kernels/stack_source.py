@@ -1,7 +1,7 @@
 """C source of the fused decoder-stack forward (see :mod:`tts_common.kernels.fused_stack`).
 
 Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
-calls ``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp`` and the AMX kernels directly and
+calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp`` and the AMX kernels directly and
 shares their worker pool (``share``), so a process has one library and one pool.
 
 ``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
@@ -33,7 +33,7 @@ enum {
        P_GU_* is gate, and these the other parts; P_K_W / P_UP_W NULL where fused */
     P_K_W, P_K_SCALE, P_K_BIAS, P_V_W, P_V_SCALE, P_V_BIAS, P_UP_W, P_UP_SCALE, P_COUNT
 };
-enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4, K_I8X4AMX = 5, K_I8DP = 6 };
+enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4, K_I8X4AMX = 5, K_I8DP = 6, K_F32 = 7 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
@@ -234,7 +234,9 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
     const float* sc = (const float*)scale;
     const float* bi = (const float*)bias;
-    if (kind == K_I8) {
+    if (kind == K_F32) {
+        gemv_f32(x, (const float*)w, sc, bi, y, R, K, N, nthreads);
+    } else if (kind == K_I8) {
         gemv_i8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads);
     } else if (kind == K_BF16) {
         gemv_bf16(x, (const uint16_t*)w, sc, bi, y, R, K, N, nthreads);
@@ -344,7 +346,7 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
     for (int i = 0; i < d->layers * KINDS_PER_LAYER; ++i) {
         int kind = d->kinds[i];
-        if (kind < K_I8 || kind > K_I8DP) return 4;
+        if (kind < K_I8 || kind > K_F32) return 4;
 #ifndef __AVX512BF16__
         if (kind == K_BF16DP || kind == K_I8DP) return 4;
 #endif

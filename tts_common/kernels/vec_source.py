@@ -60,7 +60,8 @@ static inline v16 round_bf16(v16 v) {
     b = _mm512_add_epi32(b, _mm512_add_epi32(lsb, _mm512_set1_epi32(0x7FFF)));
     return _mm512_castsi512_ps(_mm512_and_si512(b, _mm512_set1_epi32((int)0xFFFF0000u)));
 }
-/* 16 weights widened to float32: int8 (exact) or bfloat16 (exact) */
+/* 16 weights as float32: float32 as they are, int8 (exact) or bfloat16 (exact) widened */
+static inline v16 load_w16_f32(const float* p) { return _mm512_loadu_ps(p); }
 static inline v16 load_w16_i8(const int8_t* p) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)p)));
 }
@@ -142,6 +143,7 @@ static inline v16 round_bf16(v16 v) V16_MAP1(round_bf16_8(v.lo), round_bf16_8(v.
 static inline __m256 widen_i8_8(const int8_t* p) {
     return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i*)p)));
 }
+static inline v16 load_w16_f32(const float* p) V16_MAP1(_mm256_loadu_ps(p), _mm256_loadu_ps(p + 8))
 static inline v16 load_w16_i8(const int8_t* p) V16_MAP1(widen_i8_8(p), widen_i8_8(p + 8))
 static inline __m256 widen_bf16_8(const uint16_t* p) {
     __m256i v = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i*)p));

@@ -27,6 +27,8 @@ pytestmark = [
     ),
 ]
 FAMILIES = {
+    "fp32": (torch.float32, "gemv-fp32"),
+    "fp32-int8": (torch.float32, "gemv-fp32+gemv-int8"),
     "int8": (torch.float32, "gemv-int8"),
     "int8-bf16": (torch.bfloat16, "gemv-int8"),
     "bf16": (torch.bfloat16, "gemv-bf16"),
@@ -95,7 +97,9 @@ def _stack(
                 p.normal_(0.0, 0.3)
         stack = stack.to(dtype)
         from_hidden, others = (kernel.split("+") * 2)[:2]
-        table = KernelTable("int8" if "int8" in kernel else "bfloat16", (1,))
+        table = KernelTable(
+            "int8" if "int8" in kernel else "float32" if dtype == torch.float32 else "bfloat16", (1,)
+        )
         table.chosen = {
             shape: from_hidden if shape[0] == hidden else others for shape in linear_shapes(stack)
         }

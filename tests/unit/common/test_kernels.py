@@ -66,13 +66,14 @@ def _linear(fan_in: int, fan_out: int, bias: bool, seed: int) -> nn.Linear:
 
 
 GEMV_KINDS = [
+    "fp32",
     "int8",
     "bf16",
     *(["bf16dp", "bf16dp-rows", "int8dp"] if bf16_dot_available() else []),
     *(["bf16amx", "int8amx"] if amx_bf16_available() else []),
     *(["int8x4amx"] if amx_int8_available() else []),
 ]
-"""Our kernels: int8 / bf16 weights with float32 activations, the bf16 dot product packed and
+"""Our kernels: float32 / int8 / bf16 weights with float32 activations, the bf16 dot product packed and
 row-wise (and with int8 weights widened to bf16), on AMX-BF16 tiles (bf16, and int8 with
 float32 activations) and on AMX-INT8 tiles (int8 with the activations as int8 digits). Each is
 tested only where the CPU has its instructions (and, for AMX, the OS grants the tile state):
@@ -87,7 +88,9 @@ def _gemv_case(kind: str, rows: int, fan_in: int, fan_out: int, bias: bool, seed
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(rows, fan_in, generator=g)
     w = torch.randn(fan_out, fan_in, generator=g)
-    weight, scale = quantize_int8(w) if kind.startswith("int8") else (w.bfloat16(), None)
+    weight, scale = (
+        quantize_int8(w) if kind.startswith("int8") else (w, None) if kind == "fp32" else (w.bfloat16(), None)
+    )
     if kind in BF16_X_KINDS:
         x = x.bfloat16()
     b = torch.randn(fan_out, generator=g) if bias else None
@@ -297,8 +300,8 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         torch.testing.assert_close(model(x), want, rtol=0.05, atol=0.05 * float(want.abs().max()))
     with pytest.raises(ValueError, match="CPU only"):
         choice.set_up_linears(nn.Linear(4, 4), "cuda", torch.float32, "auto", "int8", (1,))
-    with pytest.raises(ValueError, match="no float32 kernel"):
-        choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "gemv", "none", (1,))
+    with pytest.raises(ValueError, match="no int8 kernel"):
+        choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "onednn", "int8", (1,))
     plain = nn.Linear(4, 4)
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
 

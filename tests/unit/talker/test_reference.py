@@ -140,6 +140,22 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
     assert not any(isinstance(mod, OneDnnLinear) for mod in m.talker.modules())
 
 
+@pytest.mark.skipif(not gemv_available(), reason="no C compiler, or neither AVX-512 nor AVX2 with FMA")
+@pytest.mark.parametrize("name", NAMES)
+def test_greedy_codes_alone_with_our_float32_gemv_and_fused_stacks(name: str) -> None:
+    """Our float32 GEMV on every linear (``--linear gemv``), the talker and the code predictor
+    each one fused stack call: the official codes still, alone and batched."""
+    m = TalkerModel.from_checkpoint(FIXTURES / "ckpt" / name)
+    cases = _cases(name)[:2]
+    params = SamplingParams.greedy(1.05)
+    alone = [generate(m, [c.request()], MAX_NEW_TOKENS, params, linear="gemv")[0] for c in cases]
+    assert m.talker.model.fused_stack is not None and m.talker.code_predictor.model.fused_stack is not None
+    batched = generate(m, [c.request() for c in cases], MAX_NEW_TOKENS, params, linear="gemv")
+    for case, one, many in zip(cases, alone, batched):
+        np.testing.assert_array_equal(one.codes, case.npy("codes"), err_msg=case.rid)
+        np.testing.assert_array_equal(many.codes, case.npy("codes"), err_msg=case.rid)
+
+
 @pytest.mark.skipif(not onednn_linear_available(), reason="torch built without oneDNN")
 @pytest.mark.parametrize(
     ("dtype", "quantization", "linear"),
@@ -156,14 +172,14 @@ def test_greedy_codes_alone_with_torch_linears(name: str) -> None:
                     not gemv_available(), reason="no C compiler or AVX-512: no GEMV, no fused stack"
                 ),
             )
-            for dtype, quantization in (("float32", "int8"), ("bfloat16", "none"))
+            for dtype, quantization in (("float32", "none"), ("float32", "int8"), ("bfloat16", "none"))
         ),
     ],
 )
 def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str, linear: str) -> None:
     """Rows at the same position get the same bits alone and batched, with the kernels an engine
     chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 or bf16
-    GEMV everywhere (``--linear gemv``), where the talker and the code predictor each run as one fused
+    GEMV everywhere (``--linear gemv``: float32, int8 or bf16 weights), where the talker and the code predictor each run as one fused
     stack call (tts_common.kernels.fused_stack).
 
     The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
