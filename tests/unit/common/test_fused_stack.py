@@ -254,8 +254,8 @@ def test_only_stacks_of_one_packed_gemv_get_a_fused_forward() -> None:
 
 
 def test_a_stack_of_library_kernels_never_builds_our_library(monkeypatch) -> None:  # type: ignore[no-untyped-def]
-    # float32 serving (oneDNN) must not compile C at start: a container's cache volume, a
-    # missing compiler or a read-only cache is then never in its way.
+    # A model on library kernels only (--linear onednn or torch) must not compile C at start: a
+    # container's cache volume, a missing compiler or a read-only cache is then never in its way.
     from tts_common.kernels import fused_stack
 
     def refuse() -> None:
