@@ -164,11 +164,11 @@ class TorchInt8Linear(KernelLinear):
 
 
 class GemvLinear(KernelLinear):
-    """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales), bfloat16 or float32 weights, packed
-    once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given, for the row-wise bf16
-    dot-product kernel); bf16 activations are widened to float32 and the result rounded back,
-    as torch's bf16 GEMM does (the dot-product kernels take them as they are; ``amx``: on
-    AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles)."""
+    """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales), bfloat16 or
+    float32 weights, packed once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given,
+    for the row-wise bf16 dot-product kernel); bf16 activations are widened to float32 and the
+    result rounded back, as torch's bf16 GEMM does (the dot-product kernels take them as they
+    are; ``amx``: on AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles)."""
 
     def __init__(
         self,

@@ -1,8 +1,8 @@
 """C source of the fused decoder-stack forward (see :mod:`tts_common.kernels.fused_stack`).
 
 Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
-calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp`` and the AMX kernels directly and
-shares their worker pool (``share``), so a process has one library and one pool.
+calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp`` and the AMX kernels
+directly and shares their worker pool (``share``), so a process has one library and one pool.
 
 ``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
 new tokens, float32 or bfloat16 activations (held as float32, rounded to bf16 wherever the torch

@@ -180,8 +180,8 @@ def test_greedy_codes_alone_with_our_float32_gemv_and_fused_stacks(name: str) ->
 def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str, linear: str) -> None:
     """Rows at the same position get the same bits alone and batched, with the kernels an engine
     chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 or bf16
-    GEMV everywhere (``--linear gemv``: float32, int8 or bf16 weights), where the talker and the code predictor each run as one fused
-    stack call (tts_common.kernels.fused_stack).
+    GEMV everywhere (``--linear gemv``: float32, int8 or bf16 weights), where the talker and the
+    code predictor each run as one fused stack call (tts_common.kernels.fused_stack).
 
     The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
     than the batch's longest reads its keys through a longer masked window, which sums in another
