@@ -46,8 +46,9 @@ SOURCE = r"""
 
 #define G 16   /* outputs per packed group: one vector lane each */
 #define RB 8   /* rows per call of a group: 8 rows x 2 accumulators fill 16 of AVX-512's 32 registers */
-/* Rows per pass over a group's weights: all 8 on AVX-512; on AVX2 (16 registers, a v16 is two)
-   3 rows x 2 accumulators x 2 halves, the two halves of the weight and the broadcast fill 15. */
+/* Rows per pass over a group's weights: all 8 on AVX-512; on AVX2 (16 registers, a v16 is two;
+   int8 only there, see DEFINE_GROUP_ONE_ACC) 3 rows x 2 accumulators x 2 halves, the two halves
+   of the weight and the broadcast fill 15. */
 #define RB_PASS (VEC_AVX512 ? RB : 3)
 #define PREFETCH 256  /* k steps ahead (4 KiB of int8): measured best of 0/64/256/512 at 8 rows */
 
