@@ -60,6 +60,10 @@ SOURCE = r"""
    of FMAs still retire 16 weights every 2 cycles, above what memory delivers (and more chains,
    two groups at once, measured slower). Lines are prefetched one by one (the bf16 stream has two
    per 4 k). */
+/* The lines of weights 4 k of a group take, PREFETCH k ahead of k. */
+#define PREFETCH_4K(WG, K, WT)                                                                 \
+    for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64)                                    \
+        _mm_prefetch((const char*)((WG) + (long)((K) + PREFETCH) * G) + l, _MM_HINT_T0)
 #define DEFINE_GROUP(NAME, WT, LOADW)                                                          \
 static inline __attribute__((always_inline))                                                   \
 void NAME##_pass(const float* x, const WT* wg, int rows, int K, v16* out) {                     \
@@ -67,8 +71,7 @@ void NAME##_pass(const float* x, const WT* wg, int rows, int K, v16* out) {     
     for (int r = 0; r < RB_PASS; ++r) acc[r][0] = acc[r][1] = v16_zero();                      \
     int k = 0;                                                                                 \
     for (; k + 4 <= K; k += 4) {                                                               \
-        for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64)                                \
-            _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
+        PREFETCH_4K(wg, k, WT);                                                                \
         for (int j = 0; j < 4; ++j) {                                                          \
             v16 w = LOADW(wg + (long)(k + j) * G);                                             \
             for (int r = 0; r < rows; ++r)                                                     \
@@ -108,8 +111,7 @@ void NAME##_pass(const float* x, const WT* wg, int rows, int K, v16* out) {     
     for (int r = 0; r < RB_PASS_ONE_ACC; ++r) lo[r] = hi[r] = _mm256_setzero_ps();             \
     int k = 0;                                                                                 \
     for (; k + 4 <= K; k += 4) {                                                               \
-        for (int l = 0; l < (int)(4 * G * sizeof(WT)); l += 64)                                \
-            _mm_prefetch((const char*)(wg + (long)(k + PREFETCH) * G) + l, _MM_HINT_T0);       \
+        PREFETCH_4K(wg, k, WT);                                                                \
         for (int j = 0; j < 4; ++j) {                                                          \
             v16 w = LOADW(wg + (long)(k + j) * G);                                             \
             for (int r = 0; r < rows; ++r) {                                                   \
