@@ -24,7 +24,8 @@ against a 30 GB/s sum on an AVX2 EPYC, Zen 3), and it lets a float32 stack run f
 (:mod:`.fused_stack`).
 
 Each output sums in one order whatever the rows: two accumulators by k mod 2 (pairs of k for the
-dot product), then ``a0 + a1``; the scale and bias are applied after. So a row's result never
+dot product), then ``a0 + a1``, or on AVX2 for float32 and bf16 weights one accumulator over k in
+order (``DEFINE_GROUP_ONE_ACC``); the scale and bias are applied after. So a row's result never
 depends on its batch or which rows share its pass. Groups are shared, two at a time, between the
 calling thread and our own workers (:mod:`.pool_source`; each output is computed alone, so the
 split never changes a bit). A thread runs one group at a time, so it streams one contiguous run
