@@ -6,6 +6,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.stage_main import run_stage_process
 
 from .config import FLAGS, decoder_config_from_args
+from .model.dtype_probe import checkpoint_decoder_probe
 from .server import DecoderServicer
 
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         add_to_server=stages_pb2_grpc.add_DecoderServicer_to_server,
         pb2_module=stages_pb2,
+        cpu_dtype_probe=checkpoint_decoder_probe,
         service="Decoder",
         argv=argv,
     )

@@ -5,11 +5,13 @@
 
 * CUDA: bfloat16 when the device supports it (``torch.cuda.is_bf16_supported``: Ampere and
   later), else float32.
-* CPU: by measurement, never by CPU flags alone
-  (:func:`tts_common.kernels.choice.measured_cpu_dtype`): bfloat16 where the linears of a
-  decode frame, with the fastest kernels of each dtype, run faster in bfloat16 than in float32
-  at one row and at eight; float32 elsewhere. The timings are cached per CPU model and torch
-  version, so only the first start of a machine measures.
+* CPU: by measurement, never by CPU flags alone, and per stage (:mod:`tts_common.auto_dtype`):
+  each stage times its own step in both dtypes (the talker a decode frame's linears with the
+  fastest kernels of each dtype, the decoder a streamed chunk, ...) and runs in bfloat16 only
+  where it is faster at one row and at eight; float32 elsewhere. On a CPU without bf16
+  arithmetic the talker can still gain (it is memory-bound) while the decoder loses. The
+  timings are cached per CPU model and torch version, so only the first start of a machine
+  measures.
 
 float32 keeps token parity with the official implementation. bfloat16 rounds the talker's
 weights and activations, so its codes are not the official float32 ones (the same model at a
@@ -29,12 +31,15 @@ float32. Its codes are not the float32 ones; the audio difference is reported by
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from .cpu_info import cpu_flags, cpu_has_native_bf16, cpu_model
 
 if TYPE_CHECKING:  # torch is imported where needed: the CLI builds its parser without it
     import torch
+
+    from .auto_dtype import StepProbe
 
 DTYPES = ("float32", "bfloat16", "float16")
 """The concrete dtypes a stage can run in."""
@@ -46,9 +51,13 @@ QUANTIZATION_CHOICES = ("none", "int8")
 """Values of the talker's ``--quantization``."""
 
 
-def resolve_dtype(name: str, device: str | torch.device) -> str:
+def resolve_dtype(
+    name: str, device: str | torch.device, cpu_probe: Callable[[], StepProbe] | None = None
+) -> str:
     """The concrete dtype name of ``--dtype name`` on ``device`` (``auto`` resolved; on CPU by
-    measurement, see the module docstring)."""
+    timing ``cpu_probe()``, the step of the stage that runs in it, see the module docstring).
+    ``cpu_probe`` is called only where ``auto`` on CPU needs it; without one there is no
+    measurement to go on and ``auto`` on CPU is refused."""
     if name in DTYPES:
         return name
     if name != "auto":
@@ -59,9 +68,11 @@ def resolve_dtype(name: str, device: str | torch.device) -> str:
     if device.type == "cuda":
         return "bfloat16" if torch.cuda.is_bf16_supported() else "float32"
     if device.type == "cpu":
-        from .kernels.choice import measured_cpu_dtype
+        if cpu_probe is None:
+            raise ValueError("--dtype auto on CPU is measured on a stage's own step: no step given")
+        from .auto_dtype import measured_cpu_dtype
 
-        return measured_cpu_dtype()
+        return measured_cpu_dtype(cpu_probe())
     return "float32"
 
 

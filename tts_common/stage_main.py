@@ -6,11 +6,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import functools
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import grpc
 
@@ -20,6 +21,9 @@ from .precision import DTYPE_CHOICES, resolve_dtype
 from .serving.config import ProcessFlags
 from .serving.lifecycle import serve
 from .serving.names import service_name
+
+if TYPE_CHECKING:
+    from .auto_dtype import StepProbe
 
 STAGE_DEFAULT_HOST = "127.0.0.1"
 """Bind address default of the model stages: only the gateway is meant to be reachable from
@@ -45,9 +49,9 @@ class StageModelConfig:
 
     dtype: str = field(default="float32", metadata=flag(choices=DTYPE_CHOICES))
     """Weight/activation dtype; auto = bfloat16 where it is faster: on CUDA with bf16 support; on
-    CPU where a decode frame's linears measure faster in bfloat16 than in float32 (at the first
-    start, then cached), else float32 (tts_common/precision.py). float32 keeps parity with the
-    official implementation."""
+    CPU where this stage's own step measures faster in bfloat16 than in float32 at 1 and 8 rows
+    (at the first start, then cached), else float32 (tts_common/auto_dtype.py). float32 keeps
+    parity with the official implementation."""
 
     threads: int = 0
     """CPU threads for torch (0 = torch's default); set it when several stages share a CPU
@@ -75,12 +79,14 @@ class StageServicer(Protocol):
         """Load the model (health turns SERVING once this returns)."""
 
 
-def resolve_model_config(model: StageModelConfig) -> StageModelConfig:
+def resolve_model_config(model: StageModelConfig, cpu_probe: Callable[[str], StepProbe]) -> StageModelConfig:
     """``model`` with ``--dtype auto`` replaced by the dtype it means on ``model.device``
-    (:func:`tts_common.precision.resolve_dtype`), logged; other dtypes unchanged."""
+    (:func:`tts_common.precision.resolve_dtype`; on CPU ``cpu_probe(model.model)`` is the
+    stage's step it times), logged; other dtypes unchanged."""
     if model.dtype != "auto":
         return model
-    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device))
+    probe = functools.partial(cpu_probe, model.model)
+    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device, probe))
     logging.getLogger(__name__).info("--dtype auto on %s: %s", resolved.device, resolved.dtype)
     return resolved
 
@@ -92,6 +98,7 @@ def run_stage_process(
     add_to_server: Callable[[Any, grpc.aio.Server], None],
     pb2_module: ModuleType,
     service: str,
+    cpu_dtype_probe: Callable[[str], StepProbe],
     argv: list[str] | None = None,
 ) -> None:
     """Parse flags, set up logging, serve until SIGTERM/SIGINT (then drain and exit 0).
@@ -99,6 +106,8 @@ def run_stage_process(
     ``--model`` (or ``QWEN3TTS_MODEL``) is required; ``build_servicer(model_config, args)``
     builds the servicer (its stage config from ``args``), whose ``load()`` runs while health says
     NOT_SERVING and whose optional ``close()`` runs after the server stopped.
+    ``cpu_dtype_probe(model_dir)``: the stage's step, timed for ``--dtype auto`` on CPU (on the
+    thread count ``--threads`` sets).
     """
     parser = flags.parser()
     args = parser.parse_args(argv)
@@ -107,11 +116,11 @@ def run_stage_process(
     if not model.model:
         parser.error("--model (or QWEN3TTS_MODEL) is required")
     setup_logging(config.log_level, stage=flags.stage)
-    model = resolve_model_config(model)
-    if model.threads > 0:
+    if model.threads > 0:  # before --dtype auto: it is timed on these threads
         import torch
 
         torch.set_num_threads(model.threads)
+    model = resolve_model_config(model, cpu_dtype_probe)
     servicer = build_servicer(model, args)
 
     async def run() -> None:

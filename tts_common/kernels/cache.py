@@ -4,7 +4,11 @@ else ``~/.cache/qwen3-tts/kernels``)."""
 
 from __future__ import annotations
 
+import json
+import logging
 import os
+import re
+import tempfile
 from pathlib import Path
 
 CACHE_ENV = "QWEN3TTS_KERNEL_CACHE"
@@ -19,4 +23,36 @@ def cache_dir() -> Path:
     return Path(base) / "qwen3-tts" / "kernels"
 
 
-__all__ = ["CACHE_ENV", "cache_dir"]
+def machine_cache_file(kind: str) -> Path:
+    """The cache file of ``kind`` for this CPU model and torch version (what it measures holds
+    for both)."""
+    import torch
+
+    from tts_common.cpu_info import cpu_model
+
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_model()).strip("-") or "unknown"
+    return cache_dir() / f"{kind}-{slug}-torch{torch.__version__}.json"
+
+
+def load_json(path: Path) -> dict:
+    """A cache file's object; empty where the file is missing, unreadable or not an object."""
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return data if isinstance(data, dict) else {}
+
+
+def store_json(path: Path, data: dict) -> None:
+    """Write a cache file atomically (a concurrent reader sees the old file or the new); a cache
+    that cannot be written is logged, never an error (it only costs a measurement next start)."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
+            json.dump(data, f, indent=1, sort_keys=True)
+        os.replace(f.name, path)
+    except OSError as e:
+        logging.getLogger(__name__).warning("not cached (%s): %s", path, e)
+
+
+__all__ = ["CACHE_ENV", "cache_dir", "load_json", "machine_cache_file", "store_json"]

@@ -24,11 +24,7 @@ bf16 against 200 in float32 on an AVX2-only EPYC), which the linears alone do no
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import re
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -38,9 +34,7 @@ from pathlib import Path
 import torch
 from torch import nn
 
-from tts_common.cpu_info import cpu_has_native_bf16, cpu_model
-
-from .cache import cache_dir
+from .cache import load_json, machine_cache_file, store_json
 from .candidates import (
     FAMILIES,
     FAMILY_DTYPE,
@@ -130,26 +124,7 @@ class KernelTable:
 
 def table_path() -> Path:
     """The cache file of this CPU model and torch version."""
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_model()).strip("-") or "unknown"
-    return cache_dir() / f"linear-kernels-{slug}-torch{torch.__version__}.json"
-
-
-def _load(path: Path) -> dict:
-    try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _store(path: Path, data: dict) -> None:
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with tempfile.NamedTemporaryFile("w", dir=path.parent, delete=False, suffix=".tmp") as f:
-            json.dump(data, f, indent=1, sort_keys=True)
-        os.replace(f.name, path)  # atomic: a concurrent reader sees the old file or the new
-    except OSError as e:  # a read-only cache only costs a measurement at the next start
-        logger.warning("kernel table not cached (%s): %s", path, e)
+    return machine_cache_file("linear-kernels")
 
 
 def _run_all(layers: Sequence[KernelLinear], x: torch.Tensor) -> None:
@@ -212,7 +187,7 @@ def measure_kernels(
     )
     buckets = tuple(sorted(set(buckets)))
     path = table_path()
-    cache = _load(path)
+    cache = load_json(path)
     threads = torch.get_num_threads()
     table = KernelTable(family, buckets)
     measured = 0
@@ -227,7 +202,7 @@ def measure_kernels(
             if key in cache:
                 table.seconds.setdefault(shape, {})[kernel] = {b: cache[key][str(b)] for b in buckets}
     if measured:
-        _store(path, cache)
+        store_json(path, cache)
     table.choose()
     source = f"measured {measured} shapes" if measured else "from the cache"
     logger.info("%s\n  (%s, %s)", table.describe(), source, path)
@@ -302,40 +277,12 @@ def frame_linear_calls(talker_cfg: object) -> Counter[Shape]:
     return calls
 
 
-def measured_cpu_dtype(buckets: Sequence[int] = (1, 8)) -> str:
-    """``--dtype auto`` on CPU: bfloat16 where the CPU has bf16 arithmetic and a released 0.6B
-    frame's linears, each family with its chosen kernels, run faster in bfloat16 than in float32
-    at every bucket; else float32."""
-    from tts_common.release_dims import release_talker_config
-
-    if not cpu_has_native_bf16():
-        logger.info(
-            "--dtype auto on CPU: float32 (no bf16 arithmetic on this CPU: the stages' bf16 is emulated)"
-        )
-        return "float32"
-    calls = frame_linear_calls(release_talker_config("0b6"))
-    times = {}
-    for family in ("float32", "bfloat16"):
-        table = measure_kernels(calls, family, buckets)
-        times[family] = {b: table.step_seconds(calls, b) for b in buckets}
-    pick = "bfloat16" if all(times["bfloat16"][b] < times["float32"][b] for b in buckets) else "float32"
-    logger.info(
-        "--dtype auto on CPU: %s (linears of a 0.6B frame, ms at rows %s: float32 %s, bfloat16 %s)",
-        pick,
-        "/".join(map(str, buckets)),
-        "/".join(f"{1e3 * times['float32'][b]:.0f}" for b in buckets),
-        "/".join(f"{1e3 * times['bfloat16'][b]:.0f}" for b in buckets),
-    )
-    return pick
-
-
 __all__ = [
     "FAMILY_DTYPE",
     "KernelTable",
     "frame_linear_calls",
     "linear_shapes",
     "measure_kernels",
-    "measured_cpu_dtype",
     "set_up_linears",
     "table_path",
     "use_kernels",

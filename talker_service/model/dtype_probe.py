@@ -1,0 +1,46 @@
+"""The talker's step for ``--dtype auto`` on CPU (:mod:`tts_common.auto_dtype`): the linears of
+one decode frame of the checkpoint's own dimensions (the talker's layers and codec head once, the
+code predictor's layers and heads once per codebook after the first), each dtype with the kernels
+``--linear auto`` keeps for it (:mod:`tts_common.kernels.choice`).
+
+On CPU the linears are the talker's step: one frame streams every weight, and the attention over
+a short context, the norms and the sampling are a few percent of it (``bench/cpu_serving.py``
+profiles a frame). They are timed on random weights of the checkpoint's shapes, many copies per
+shape so none stays in a cache, as the kernel choice times them; the kernel table measured here is
+the one the engine then loads from the cache.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from tts_common.auto_dtype import StepProbe
+from tts_common.config import TalkerConfig, load_checkpoint_config
+from tts_common.kernels.choice import KernelTable, frame_linear_calls, measure_kernels
+
+
+def talker_step_probe(talker: TalkerConfig, buckets: tuple[int, ...] = (1, 8)) -> StepProbe:
+    """The linears of one decode frame of ``talker``, timed per dtype at ``buckets`` rows."""
+    calls = frame_linear_calls(talker)
+    tables: dict[str, KernelTable] = {}
+
+    def step_seconds(dtype: str, rows: int) -> float:
+        if dtype not in tables:  # every bucket measured at once, then from the table
+            tables[dtype] = measure_kernels(calls, dtype, buckets)
+        return tables[dtype].step_seconds(calls, rows)
+
+    cp = talker.code_predictor
+    what = (
+        f"linears of a decode frame (talker {talker.num_hidden_layers} layers of {talker.hidden_size}, "
+        f"intermediate {talker.intermediate_size}; code predictor {cp.num_hidden_layers} layers of "
+        f"{cp.hidden_size}, intermediate {cp.intermediate_size}, {cp.num_code_groups - 1} steps)"
+    )
+    return StepProbe("talker", what, step_seconds, buckets)
+
+
+def checkpoint_talker_probe(model_dir: str | Path) -> StepProbe:
+    """:func:`talker_step_probe` of the talker of the checkpoint at ``model_dir``."""
+    return talker_step_probe(load_checkpoint_config(model_dir).model.talker)
+
+
+__all__ = ["checkpoint_talker_probe", "talker_step_probe"]

@@ -1,0 +1,120 @@
+"""``--dtype auto`` on CPU: each stage times its own step in float32 and in bfloat16 and keeps
+bfloat16 only where it is faster at every batch size timed, never by CPU flags alone.
+
+A CPU without bf16 arithmetic (AVX2, or AVX-512 without AVX512-BF16) can still run one stage
+faster in bfloat16 and another slower: on an AVX2-only AMD EPYC (Zen 3) the talker's frame is
+memory-bound and reads half the bytes in bfloat16 (its GEMV widens the weights as it loads them),
+while the decoder's convolutions have no bf16 kernel there and are emulated, about ten times
+slower. So the choice is per stage, on that stage's own step (:class:`StepProbe`, written next to
+each stage's model). The timings are cached per CPU model, torch version and thread count
+(:func:`probe_cache_path`), so only a machine's first start measures.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .kernels.cache import load_json, machine_cache_file, store_json
+
+logger = logging.getLogger(__name__)
+
+CANDIDATES = ("float32", "bfloat16")
+"""The dtypes ``auto`` chooses between on CPU (float16 has no fast CPU path)."""
+ROUNDS = 3
+"""Times each (dtype, rows) step is timed; the best is kept."""
+
+
+@dataclass(frozen=True)
+class StepProbe:
+    """One stage's step, timed at a dtype and a number of rows."""
+
+    stage: str
+    """The stage measured (talker, decoder, speaker, aligner), for the log and the cache key."""
+
+    what: str
+    """What one step is, with every dimension its time depends on (part of the cache key: a
+    different checkpoint size is measured again)."""
+
+    step_seconds: Callable[[str, int], float]
+    """Seconds of one step in a dtype (a name of :data:`CANDIDATES`) at a number of rows (streams
+    batched together). Called :data:`ROUNDS` times per pair, the pairs taking turns: set-up
+    (loading the model in a dtype) is the probe's to keep between calls."""
+
+    buckets: tuple[int, ...] = (1, 8)
+    """The row counts timed; bfloat16 is kept only where it is faster at every one, so ``auto`` is
+    never slower than float32 at any of them (rows past the first where it is slower are not
+    timed)."""
+
+    @property
+    def key(self) -> str:
+        """The cache key: stage, step, rows and the thread count it was timed on."""
+        rows = "/".join(map(str, self.buckets))
+        return f"{self.stage}: {self.what}; rows {rows}; {torch.get_num_threads()} threads"
+
+
+def probe_cache_path() -> Path:
+    """The file of this CPU model and torch version that keeps every probe's timings."""
+    return machine_cache_file("auto-dtype")
+
+
+def _bf16_faster(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -> bool:
+    return all(b in times["bfloat16"] and times["bfloat16"][b] < times["float32"][b] for b in buckets)
+
+
+def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
+    """Seconds per step by dtype and rows, from the cache or measured and cached.
+
+    Rows from fewest to most, each timed :data:`ROUNDS` times with the dtypes taking turns, the
+    best kept (a burst of load from other processes slows both alike rather than one). Once
+    bfloat16 is not faster at some rows the choice is float32 and larger rows are not timed: an
+    emulated bf16 step can take seconds (the decoder's, on a CPU without bf16 arithmetic).
+    """
+    path = probe_cache_path()
+    cached = load_json(path).get(probe.key)
+    try:
+        return {d: {int(b): float(t) for b, t in cached[d].items()} for d in CANDIDATES}
+    except (TypeError, KeyError, ValueError, AttributeError):
+        pass
+    times: dict[str, dict[int, float]] = {d: {} for d in CANDIDATES}
+    t0 = time.perf_counter()
+    for b in sorted(probe.buckets):
+        for _ in range(ROUNDS):
+            for d in CANDIDATES:
+                times[d][b] = min(times[d].get(b, float("inf")), probe.step_seconds(d, b))
+        if not _bf16_faster(times, (b,)):
+            break
+    logger.info("--dtype auto on CPU, %s: measured in %.1f s", probe.stage, time.perf_counter() - t0)
+    data = load_json(path)  # re-read: another stage may have stored its own meanwhile
+    data[probe.key] = {d: {str(b): t for b, t in by_rows.items()} for d, by_rows in times.items()}
+    store_json(path, data)
+    return times
+
+
+def measured_cpu_dtype(probe: StepProbe) -> str:
+    """``--dtype auto`` of one stage on CPU: bfloat16 where ``probe``'s step is faster in
+    bfloat16 than in float32 at every row count it times, else float32 (logged with the times)."""
+    times = _timings(probe)
+    pick = "bfloat16" if _bf16_faster(times, probe.buckets) else "float32"
+
+    def ms(d: str) -> str:
+        return "/".join(f"{1e3 * times[d][b]:.1f}" if b in times[d] else "-" for b in probe.buckets)
+
+    logger.info(
+        "--dtype auto on CPU, %s: %s (%s; ms per step at rows %s: float32 %s, bfloat16 %s)",
+        probe.stage,
+        pick,
+        probe.what,
+        "/".join(map(str, probe.buckets)),
+        ms("float32"),
+        ms("bfloat16"),
+    )
+    return pick
+
+
+__all__ = ["CANDIDATES", "StepProbe", "measured_cpu_dtype", "probe_cache_path"]
