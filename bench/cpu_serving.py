@@ -2,7 +2,7 @@
 implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpoint.
 
 For every ``--dtypes`` entry (default ``float32,auto,int8``; ``auto`` resolved as the stages
-resolve it, by measurement; ``int8`` = float32 with ``--quantization int8``; ``<dtype>+int8``
+resolve it, by measuring each stage's step, so the talker and the decoder may differ; ``int8`` = float32 with ``--quantization int8``; ``<dtype>+int8``
 that dtype with ``--quantization int8``, e.g. ``auto+int8``: int8 weights, the activations and
 the decoder in the ``auto`` dtype):
 
@@ -14,7 +14,7 @@ the decoder in the ``auto`` dtype):
   the median of ``--repeats`` timings, each listed); the decoder's CPU milliseconds per frame
   (process CPU time while it decodes);
 * stack (unless ``--skip-stack``): the four processes of ``qwen3-tts up`` (same flags and environment: all cores per stage,
-  passive OpenMP waiting), stage dtype set through ``QWEN3TTS_DTYPE``; resident memory of each
+  passive OpenMP waiting), stage dtypes set through ``QWEN3TTS_<STAGE>_DTYPE``; resident memory of each
   process at idle and after load; one stream (RTF, time to first audio); then closed-loop
   concurrency 1, 2, 4, ... (``--concurrency``): aggregate audio seconds per second, playback
   underruns, CPU per frame of each stage; the largest concurrency with zero underruns;
@@ -42,6 +42,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import os
@@ -63,6 +64,7 @@ import load
 from decoder_bench import attainable_gflops, best_time
 from talker_bench import frame_weight_bytes, read_bandwidth_gbs
 
+from decoder_service.model.dtype_probe import checkpoint_decoder_probe
 from qwen3_tts.dev_model import SIZES, make_dev_model
 from qwen3_tts.local_stack import (
     StageProcess,
@@ -74,6 +76,7 @@ from qwen3_tts.local_stack import (
     wait_until_serving,
 )
 from qwen3_tts.offline import OfflineRequest, OfflineSynthesizer
+from talker_service.model.dtype_probe import checkpoint_talker_probe
 from tts_common.config import load_checkpoint_config
 from tts_common.cpu_info import cpu_flags, cpu_model
 from tts_common.kernels.choice import set_up_linears
@@ -147,7 +150,6 @@ def machine_info(bandwidth_mib: int) -> dict[str, Any]:
         "talker_linear_gflops_by_rows": linear_gflops(),
         "torch": torch.__version__,
         "python": platform.python_version(),
-        "auto_dtype": resolve_dtype("auto", "cpu"),
     }
 
 
@@ -201,9 +203,29 @@ def talker_seconds_per_frame(
     return out
 
 
+@dataclasses.dataclass(frozen=True)
+class RunDtypes:
+    """The dtypes of one run: ``--dtypes`` entry ``requested`` as each stage resolves it (on CPU
+    ``auto`` is timed per stage, so the talker and the decoder may differ)."""
+
+    requested: str
+    talker: str
+    decoder: str
+
+    @property
+    def label(self) -> str:
+        return self.talker if self.talker == self.decoder else f"talker-{self.talker}-decoder-{self.decoder}"
+
+    @classmethod
+    def resolve(cls, requested: str, model: Path) -> RunDtypes:
+        talker = resolve_dtype(requested, "cpu", functools.partial(checkpoint_talker_probe, model))
+        decoder = resolve_dtype(requested, "cpu", functools.partial(checkpoint_decoder_probe, model))
+        return cls(requested, talker, decoder)
+
+
 def bench_offline(
     model: Path,
-    dtype: str,
+    dtypes: RunDtypes,
     quantization: str,
     speaker: str,
     max_new_tokens: int,
@@ -212,7 +234,13 @@ def bench_offline(
     repeats: int = 3,
 ) -> dict:
     # All ``batch`` requests in one engine batch (the synthesizer's default runs 4 at a time).
-    synth = OfflineSynthesizer(model, "cpu", getattr(torch, dtype), max_batch=batch)
+    synth = OfflineSynthesizer(
+        model,
+        "cpu",
+        getattr(torch, dtypes.talker),
+        max_batch=batch,
+        decoder_dtype=getattr(torch, dtypes.decoder),
+    )
     buckets = [b for b in (1, 2, 4, 8, 16, 32) if b < batch] + [batch]
     kernels, table = set_up_linears(
         synth.talker.talker, "cpu", synth.talker.dtype, "auto", quantization, buckets
@@ -265,13 +293,15 @@ def bench_offline(
 
 
 @contextlib.contextmanager
-def running_stack(model: Path, dtype: str, quantization: str, max_slots: int, log_dir: Path):
+def running_stack(model: Path, dtypes: RunDtypes, quantization: str, max_slots: int, log_dir: Path):
     """The four processes of ``qwen3-tts up`` on free loopback ports (the gateway's HTTP API too,
     clear of a running ``qwen3-tts up``), SERVING; stopped on exit."""
     stages = stage_commands(model, "127.0.0.1", 0, 0, "cpu", False)
     on_free_ports(stages)
     env = stage_environment(os.environ) | {
-        "QWEN3TTS_DTYPE": dtype,
+        "QWEN3TTS_DTYPE": dtypes.requested,  # the speaker stage resolves its own
+        "QWEN3TTS_TALKER_DTYPE": dtypes.talker,
+        "QWEN3TTS_DECODER_DTYPE": dtypes.decoder,
         "QWEN3TTS_TALKER_QUANTIZATION": quantization,
         "QWEN3TTS_TALKER_MAX_SLOTS": str(max_slots),
         "QWEN3TTS_GATEWAY_MAX_CONCURRENT_STREAMS": str(max(64, 2 * max_slots)),
@@ -279,7 +309,7 @@ def running_stack(model: Path, dtype: str, quantization: str, max_slots: int, lo
     log_dir.mkdir(parents=True, exist_ok=True)
     try:
         for stage in stages:
-            log = log_dir / f"{stage.name}-{dtype}.log"
+            log = log_dir / f"{stage.name}-{dtypes.label}.log"
             log.unlink(missing_ok=True)  # this run's output only
             start_logged(stage, log, env)
         wait_until_serving(stages, timeout=1200)
@@ -346,10 +376,10 @@ async def _warm(gateway: str, speaker: str) -> None:
 
 
 def bench_stack(
-    model: Path, dtype: str, quantization: str, speaker: str, opts: argparse.Namespace
+    model: Path, dtypes: RunDtypes, quantization: str, speaker: str, opts: argparse.Namespace
 ) -> dict[str, Any]:
     ladder = [int(c) for c in opts.concurrency.split(",")]
-    with running_stack(model, dtype, quantization, max(ladder), opts.work_dir / "logs") as stages:
+    with running_stack(model, dtypes, quantization, max(ladder), opts.work_dir / "logs") as stages:
         gateway = next(s for s in stages if s.name == "gateway").address
         time.sleep(2.0)  # let start-up allocations settle before the idle figure
         out: dict[str, Any] = {"resident_mib_idle": resident(stages)}
@@ -364,7 +394,7 @@ def bench_stack(
                     load_args(gateway, speaker, opts.max_new_tokens, c, c * opts.requests_per_level), stages
                 )
             )
-            print(f"  [{dtype}] concurrency {c}: {levels[-1]}", flush=True)
+            print(f"  [{dtypes.label}] concurrency {c}: {levels[-1]}", flush=True)
         out["levels"] = levels
         realtime = [
             lv["concurrency"]
@@ -373,7 +403,7 @@ def bench_stack(
         ]
         out["max_realtime_concurrency"] = max(realtime, default=0)
         out["resident_mib_after_load"] = resident(stages)
-        talker_log = (opts.work_dir / "logs" / f"talker-{dtype}.log").read_text(errors="replace")
+        talker_log = (opts.work_dir / "logs" / f"talker-{dtypes.label}.log").read_text(errors="replace")
         for key, marker in (("kv_cache", "KV cache:"), ("linear_kernels", "linear kernels:")):
             out[key] = next(
                 (ln.split(marker, 1)[1].strip() for ln in talker_log.splitlines() if marker in ln), None
@@ -454,22 +484,24 @@ def main() -> None:
         "runs": {},
     }
     print(json.dumps(report["machine"], indent=2), flush=True)
-    measured: dict[tuple[str, str], str] = {}
+    measured: dict[tuple[str, str, str], str] = {}
     for name in opts.dtypes.split(","):
         base, plus, quantization = ("float32+int8" if name == "int8" else name).partition("+")
         if plus and quantization != "int8":
             ap.error(f"--dtypes {name}: only +int8 quantizes")
         quantization = quantization or "none"
-        dtype = resolve_dtype(base, "cpu")
-        print(f"== --dtype {name} ({dtype}, quantization {quantization})", flush=True)
-        if (dtype, quantization) in measured:  # e.g. auto measured float32: float32 again
-            report["runs"][name] = {"dtype": dtype, "same_as": measured[dtype, quantization]}
+        dtypes = RunDtypes.resolve(base, model)
+        print(f"== --dtype {name} ({dtypes.label}, quantization {quantization})", flush=True)
+        described = {"dtype": dtypes.talker, "decoder_dtype": dtypes.decoder}
+        key = (dtypes.talker, dtypes.decoder, quantization)
+        if key in measured:  # e.g. auto measured float32: float32 again
+            report["runs"][name] = described | {"same_as": measured[key]}
             continue
-        measured[dtype, quantization] = name
-        run: dict[str, Any] = {"dtype": dtype, "quantization": quantization}
+        measured[key] = name
+        run: dict[str, Any] = described | {"quantization": quantization}
         run["offline"] = bench_offline(
             model,
-            dtype,
+            dtypes,
             quantization,
             opts.speaker,
             opts.max_new_tokens,
@@ -479,13 +511,13 @@ def main() -> None:
         )
         print(f"  offline: {run['offline']}", flush=True)
         if not opts.skip_stack:
-            run["stack"] = bench_stack(model, dtype, quantization, opts.speaker, opts)
+            run["stack"] = bench_stack(model, dtypes, quantization, opts.speaker, opts)
             single = run["stack"]["single_stream"]
             if single["rtf_mean"] and run["offline"]["rtf"]:
                 run["stack_over_offline_rtf"] = round(single["rtf_mean"] / run["offline"]["rtf"], 2)
-        if not opts.skip_official and dtype == "float32" and quantization == "none":
+        if not opts.skip_official and dtypes.label == "float32" and quantization == "none":
             run["official"] = bench_official(
-                model, dtype, opts.speaker, opts.max_new_tokens, opts.official_python
+                model, "float32", opts.speaker, opts.max_new_tokens, opts.official_python
             )
         report["runs"][name] = run
         print(json.dumps(run, indent=2), flush=True)

@@ -16,6 +16,7 @@ step as it ran before the fused stack.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import sys
@@ -29,6 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from talker_bench import frame_weight_bytes, read_bandwidth_gbs
 from talker_profile import step_runner
 
+from talker_service.model.dtype_probe import checkpoint_talker_probe
 from talker_service.model.loader import TalkerModel
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears
@@ -51,7 +53,8 @@ def main() -> None:
     for name in opts.variants.split(","):
         base = name.removesuffix("-unfused")
         int8 = base == "int8"
-        dtype = "float32" if int8 else resolve_dtype(base, "cpu")
+        probe = functools.partial(checkpoint_talker_probe, opts.model)
+        dtype = "float32" if int8 else resolve_dtype(base, "cpu", probe)
         model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, dtype))
         kernels[name], _ = set_up_linears(
             model.talker, "cpu", model.dtype, "auto", "int8" if int8 else "none", buckets

@@ -29,6 +29,7 @@ from pathlib import Path
 import torch
 
 from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
+from talker_service.model.dtype_probe import talker_step_probe
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
@@ -41,16 +42,24 @@ from tts_common.release_dims import release_model_config, speech_tokenizer_confi
 from tts_common.synthesis import SamplingParams
 
 
+def model_config(size: str) -> Qwen3TTSConfig:
+    """The dev (tiny) or released dimensions."""
+    if size == "dev":
+        from qwen3_tts.dev_model import dev_model_config
+
+        return Qwen3TTSConfig.from_dict(dev_model_config("custom_voice", size))
+    return release_model_config(size, "custom_voice")
+
+
 def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
     """Random talker weights at the dev (tiny) or released dimensions, the EOS logit zeroed
     (fixed-length runs)."""
+    cfg = model_config(size)
     if size == "dev":
-        from qwen3_tts.dev_model import dev_model_config, dev_speech_tokenizer_config
+        from qwen3_tts.dev_model import dev_speech_tokenizer_config
 
-        cfg = Qwen3TTSConfig.from_dict(dev_model_config("custom_voice", size))
         tokenizer_config = dev_speech_tokenizer_config(size)
     else:
-        cfg = release_model_config(size, "custom_voice")
         tokenizer_config = speech_tokenizer_config_dict()
     torch.manual_seed(0)
     talker = Talker(cfg.talker).to(dtype).eval().requires_grad_(False)
@@ -207,7 +216,7 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtype_name = resolve_dtype(args.dtype, "cpu")
+    dtype_name = resolve_dtype(args.dtype, "cpu", lambda: talker_step_probe(model_config(args.size).talker))
     dtype = getattr(torch, dtype_name)
     concurrency = [int(x) for x in args.concurrency.split(",")]
     t0 = time.perf_counter()

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -93,7 +94,6 @@ def _add_synthesize(sub: argparse._SubParsersAction) -> None:
 def cmd_synthesize(args: argparse.Namespace) -> int:
     import numpy as np
     import soundfile as sf
-    import torch
 
     from tts_common.pb.qwen3tts.v1 import tts_pb2
     from tts_common.silence import DEFAULT_SILENCE_STOP
@@ -134,10 +134,15 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         sampling.max_new_tokens = args.max_new_tokens
     if args.segment_tokens < 0:
         raise ValueError(f"--segment-tokens must be >= 0, got {args.segment_tokens}")
-    from tts_common.precision import resolve_dtype
+    from decoder_service.model.dtype_probe import checkpoint_decoder_probe
+    from talker_service.model.dtype_probe import checkpoint_talker_probe
 
     synth = OfflineSynthesizer(
-        args.model, args.device, getattr(torch, resolve_dtype(args.dtype, args.device))
+        args.model,
+        args.device,
+        _stage_dtype(args, args.model, checkpoint_talker_probe),
+        decoder_dtype=_stage_dtype(args, args.model, checkpoint_decoder_probe),
+        speaker_dtype=_speaker_dtype(args),
     )
     results = synth.synthesize(
         requests,
@@ -163,13 +168,34 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     return 0
 
 
+def _stage_dtype(args: argparse.Namespace, model_dir: str | Path, probe: Callable[[str], Any]) -> Any:
+    """``--dtype`` of one stage's model: ``auto`` on CPU timed on that stage's own step,
+    ``probe(model_dir)``, as the stage processes resolve it (``tts_common.auto_dtype``)."""
+    import functools
+
+    import torch
+
+    from tts_common.precision import resolve_dtype
+
+    return getattr(torch, resolve_dtype(args.dtype, args.device, functools.partial(probe, str(model_dir))))
+
+
+def _speaker_dtype(args: argparse.Namespace) -> Any:
+    """The voice-clone front end's dtype (a Base checkpoint's speaker stage); None elsewhere."""
+    from speaker_service.model.dtype_probe import checkpoint_speaker_probe
+    from tts_common.config import load_checkpoint_config
+
+    if load_checkpoint_config(args.model).model.tts_model_type != "base":
+        return None
+    return _stage_dtype(args, args.model, checkpoint_speaker_probe)
+
+
 def _write_timestamps(
     args: argparse.Namespace, request: Any, result: OfflineResult, sample_rate: int
 ) -> None:
     """``--timestamps``: align every segment of ``result`` in this process, write the JSON."""
-    import torch
 
-    from tts_common.precision import resolve_dtype
+    from aligner_service.model.dtype_probe import checkpoint_aligner_probe
 
     from .offline_timestamps import OfflineAligner, align_result, timestamps_document, write_timestamps
 
@@ -179,7 +205,9 @@ def _write_timestamps(
         from .local_stack import DEV_ALIGNER_SUBDIR
 
         aligner_dir = make_dev_aligner(Path(".dev-model") / DEV_ALIGNER_SUBDIR, if_missing=True)
-    aligner = OfflineAligner(aligner_dir, args.device, getattr(torch, resolve_dtype(args.dtype, args.device)))
+    aligner = OfflineAligner(
+        aligner_dir, args.device, _stage_dtype(args, aligner_dir, checkpoint_aligner_probe)
+    )
     spans = align_result(aligner, result, request.text, sample_rate, request.language, args.timestamp_unit)
     duration = len(result.wav) / sample_rate
     write_timestamps(args.timestamps, timestamps_document(spans, request.text, duration, args.timestamp_unit))

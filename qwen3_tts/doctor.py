@@ -20,6 +20,7 @@ command is a client of every stage, never part of one.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 import platform
@@ -367,12 +368,8 @@ def check_decoder(
 def run_doctor(options: DoctorOptions) -> DoctorReport:
     """Every check of the module docstring, into a report."""
     device = torch.device(options.device)
-    # --dtype auto resolves as the stages resolve it (tts_common.precision: measured on CPU).
-    dtype_name = resolve_dtype(options.dtype or ("bfloat16" if device.type == "cuda" else "float32"), device)
-    dtype = getattr(torch, dtype_name)
     report = DoctorReport(device=str(device))
     report.environment = environment(device)
-    report.environment["dtype"] = dtype_name
     report.checks += environment_checks(device, report.environment)
     if not report.passed:
         return report
@@ -388,9 +385,18 @@ def run_doctor(options: DoctorOptions) -> DoctorReport:
             report.environment["model"] = f"dev checkpoint ({size})"
         else:
             report.environment["model"] = str(model_dir)
+        # --dtype auto resolves per stage as the stages resolve it (measured on CPU).
+        from decoder_service.model.dtype_probe import checkpoint_decoder_probe
+        from talker_service.model.dtype_probe import checkpoint_talker_probe
+
+        name = options.dtype or ("bfloat16" if device.type == "cuda" else "float32")
+        talker_dtype = resolve_dtype(name, device, functools.partial(checkpoint_talker_probe, model_dir))
+        decoder_dtype = resolve_dtype(name, device, functools.partial(checkpoint_decoder_probe, model_dir))
+        report.environment["talker_dtype"] = talker_dtype
+        report.environment["decoder_dtype"] = decoder_dtype
         with torch.inference_mode():
-            check_talker(options, Path(model_dir), device, dtype, report)
-            check_decoder(options, Path(model_dir), device, dtype, report)
+            check_talker(options, Path(model_dir), device, getattr(torch, talker_dtype), report)
+            check_decoder(options, Path(model_dir), device, getattr(torch, decoder_dtype), report)
     if device.type == "cuda":
         report.memory["peak_bytes"] = torch.cuda.max_memory_allocated(device)
     else:

@@ -199,16 +199,21 @@ class OfflineSynthesizer:
         device: str = "cpu",
         dtype: torch.dtype = torch.float32,
         max_batch: int = MAX_BATCH,
+        *,
+        decoder_dtype: torch.dtype | None = None,
+        speaker_dtype: torch.dtype | None = None,
     ) -> None:
-        """``max_batch``: requests generated (and segments decoded) at once."""
+        """``max_batch``: requests generated (and segments decoded) at once. ``dtype`` is the
+        talker's; the decoder and the voice-clone front end take it too unless given their own
+        (as ``--dtype auto`` on CPU resolves per stage)."""
         if max_batch < 1:
             raise ValueError(f"max_batch must be at least 1, got {max_batch}")
         self.max_batch = max_batch
         self.talker = TalkerModel.from_checkpoint(model_dir, device, dtype)
-        self.decoder = load_codec_decoder(model_dir, device, dtype)
+        self.decoder = load_codec_decoder(model_dir, device, decoder_dtype or dtype)
         cfg = self.talker.config
         self.frontend = (
-            VoiceCloneFrontEnd.from_checkpoint(model_dir, device, dtype)
+            VoiceCloneFrontEnd.from_checkpoint(model_dir, device, speaker_dtype or dtype)
             if cfg.model.tts_model_type == "base"
             else None
         )

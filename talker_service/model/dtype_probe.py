@@ -29,12 +29,9 @@ def talker_step_probe(talker: TalkerConfig, buckets: tuple[int, ...] = (1, 8)) -
             tables[dtype] = measure_kernels(calls, dtype, buckets)
         return tables[dtype].step_seconds(calls, rows)
 
-    cp = talker.code_predictor
-    what = (
-        f"linears of a decode frame (talker {talker.num_hidden_layers} layers of {talker.hidden_size}, "
-        f"intermediate {talker.intermediate_size}; code predictor {cp.num_hidden_layers} layers of "
-        f"{cp.hidden_size}, intermediate {cp.intermediate_size}, {cp.num_code_groups - 1} steps)"
-    )
+    streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
+    shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
+    what = f"linears of a decode frame ({streamed / 1e6:.1f}M weights streamed: {shapes})"
     return StepProbe("talker", what, step_seconds, buckets)
 
 

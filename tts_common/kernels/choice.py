@@ -1,5 +1,5 @@
-"""Choosing the CPU linear kernels by measuring them (``--linear auto``), and ``--dtype auto``
-on CPU from the same measurements.
+"""Choosing the CPU linear kernels by measuring them (``--linear auto``); the talker's
+``--dtype auto`` on CPU is timed from the same measurements.
 
 At load, every candidate of the model's family (:mod:`.candidates`) is timed on every linear
 shape of the model at every batch bucket the engine runs, over enough distinct random weights
@@ -14,12 +14,9 @@ batch-invariant, torch's float32 ``F.linear``, is timed as the reference but nev
 relative to the fastest candidate at each bucket, summed over the buckets, is least (each bucket
 counts the same: a kernel twice as slow at one bucket loses as much as it would at another).
 
-``--dtype auto`` on CPU (:func:`measured_cpu_dtype`): the per-frame time of the linears of a
-released 0.6B frame (the talker once, the code predictor 15 times) with each family's chosen
-kernels, at one row and at eight; bfloat16 only where it is faster at both, so ``auto`` is never
-slower than float32 at either, and only on a CPU with bf16 arithmetic (AVX512-BF16, AMX-BF16):
-without it the stages' other bf16 work is emulated (the decoder took 2679 CPU-ms per frame in
-bf16 against 200 in float32 on an AVX2-only EPYC), which the linears alone do not show.
+``--dtype auto`` on CPU times the talker's step with these tables
+(``talker_service/model/dtype_probe.py``, through :mod:`tts_common.auto_dtype`): the per-frame
+time of a frame's linears with each family's chosen kernels (:meth:`KernelTable.step_seconds`).
 """
 
 from __future__ import annotations

@@ -109,18 +109,20 @@ def test_doctor_fails_naming_a_compile_failure(tmp_path: Path, monkeypatch: pyte
     assert "cc not found" in failed["talker.capture"]
 
 
-def test_doctor_takes_dtype_auto_and_resolves_it_as_the_stages_do(
+def test_doctor_takes_dtype_auto_and_resolves_it_per_stage_as_the_stages_do(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tts_common.kernels import choice
+    from tts_common import auto_dtype
 
-    measured: list[bool] = []
+    measured: list[str] = []
 
-    def measured_cpu_dtype() -> str:  # the stages' CPU measurement, stood in for (it takes seconds)
-        measured.append(True)
-        return "float32"
+    def measured_cpu_dtype(probe: auto_dtype.StepProbe) -> str:  # stood in for: it takes seconds
+        measured.append(probe.stage)
+        return {"talker": "bfloat16", "decoder": "float32"}[probe.stage]
 
-    monkeypatch.setattr(choice, "measured_cpu_dtype", measured_cpu_dtype)
+    monkeypatch.setattr(auto_dtype, "measured_cpu_dtype", measured_cpu_dtype)
     code, report = _doctor(tmp_path, "--dtype", "auto")
     assert code == 0 and report["passed"], [c for c in report["checks"] if not c["passed"]]
-    assert measured and report["environment"]["dtype"] == "float32"
+    assert sorted(measured) == ["decoder", "talker"]
+    assert report["environment"]["talker_dtype"] == "bfloat16"
+    assert report["environment"]["decoder_dtype"] == "float32"
