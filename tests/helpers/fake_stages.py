@@ -526,6 +526,13 @@ class Harness:
         self.stub = tts_pb2_grpc.TextToSpeechStub(self.channel)
         return self
 
+    def blocking_channel(self) -> grpc.Channel:
+        """A new channel of grpc's blocking API to the gateway, as :attr:`channel` reaches it
+        (the caller closes it; use it from another thread, the servers run on the loop)."""
+        if self.client_credentials is None:
+            return grpc.insecure_channel(f"127.0.0.1:{self.port}")
+        return grpc.secure_channel(f"localhost:{self.port}", self.client_credentials)
+
     @property
     def active_streams(self) -> int:
         """Synthesis streams the gateway is running now."""
@@ -573,6 +580,38 @@ async def expect_rpc_error(call: Any) -> grpc.aio.AioRpcError:
     except grpc.aio.AioRpcError as exc:
         return exc
     raise AssertionError("the call succeeded")
+
+
+async def expect_streaming_error(
+    harness: Harness,
+    messages: Sequence[tts_pb2.StreamingSynthesizeRequest],
+    *,
+    timeout: float = 10.0,
+    metadata: Sequence[tuple[str, str]] = (),
+) -> grpc.RpcError:
+    """Send ``messages`` on a StreamingSynthesize call, half-close, drain it; return the error
+    it must end with (a :class:`grpc.Call` too: ``code()``, ``details()``), as the gateway sent it.
+
+    Made with grpc's blocking API, in a thread (the servers keep running on the loop): where the
+    gateway ends the call before the client has written every message, grpc.aio's client turns
+    its write into the ended call into a status of its own, INTERNAL "Internal error from Core"
+    (``_StreamRequestMixin._write`` -> ``set_internal_error``), which can replace the status the
+    server had already delivered (grpc/grpc#36066), whether a request iterator or ``call.write``
+    writes. The blocking API drops the failed write and reports the status the server sent."""
+
+    def call() -> grpc.RpcError:
+        with harness.blocking_channel() as channel:
+            responses = tts_pb2_grpc.TextToSpeechStub(channel).StreamingSynthesize(
+                iter(messages), timeout=timeout, metadata=tuple(metadata)
+            )
+            try:
+                for _ in responses:
+                    pass
+            except grpc.RpcError as exc:
+                return exc
+        raise AssertionError("the call succeeded")
+
+    return await asyncio.to_thread(call)
 
 
 # ---------------------------------------------------------------------------------------------

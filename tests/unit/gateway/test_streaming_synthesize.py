@@ -5,7 +5,6 @@ request (AppendText/EndText), responses like Synthesize plus utterance ends, flu
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import io
 import os
 import sys
@@ -16,7 +15,13 @@ import numpy as np
 import soundfile as sf
 from prometheus_client import REGISTRY
 
-from tests.helpers.fake_stages import Harness, expect_rpc_error, expected_signal, run
+from tests.helpers.fake_stages import (
+    Harness,
+    expect_rpc_error,
+    expect_streaming_error,
+    expected_signal,
+    run,
+)
 from tests.helpers.synthesis import responses_audio
 from tts_common.pb.qwen3tts.v1 import tts_pb2
 from tts_common.synthesis.segments import segment_seed
@@ -197,10 +202,6 @@ def test_cancel_with_nothing_to_stop_is_ignored() -> None:
     run(main())
 
 
-async def expect_error(h: Harness, messages: Sequence[Message]) -> grpc.aio.AioRpcError:
-    return await expect_rpc_error(h.stub.StreamingSynthesize(iter(messages), timeout=10))
-
-
 def test_bad_input_statuses_and_messages() -> None:
     invalid = grpc.StatusCode.INVALID_ARGUMENT
     cases: list[tuple[list[Message], str]] = [
@@ -227,7 +228,7 @@ def test_bad_input_statuses_and_messages() -> None:
     async def main() -> None:
         async with Harness(frames=2, max_text_chars=20) as h:
             for messages, expected in cases:
-                error = await expect_error(h, messages)
+                error = await expect_streaming_error(h, messages)
                 assert error.code() is invalid, (messages, error)
                 assert expected in (error.details() or ""), (expected, error.details())
             for _ in range(100):  # a started talker call is cancelled as the call fails
@@ -302,12 +303,7 @@ def test_say_stream_text_sends_stdin_as_it_arrives(tmp_path, monkeypatch) -> Non
 def test_api_keys_guard_the_streaming_call() -> None:
     async def main() -> None:
         async with Harness(frames=1, api_keys=frozenset({"k1"})) as h:
-            # Written by hand: grpc.aio's request-iterator task can turn an early refusal into
-            # INTERNAL ("Internal error from Core") when it races the server's status.
-            call = h.stub.StreamingSynthesize(timeout=10)
-            with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
-                await call.write(config())
-            error = await expect_rpc_error(call)
+            error = await expect_streaming_error(h, [config()])
             assert error.code() is grpc.StatusCode.UNAUTHENTICATED
             messages = [config(), text("Hi.")]
             call = h.stub.StreamingSynthesize(

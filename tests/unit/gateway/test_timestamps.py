@@ -29,7 +29,14 @@ from tests.helpers.fake_aligner import (
     fake_units,
     harness_with_aligner,
 )
-from tests.helpers.fake_stages import SAMPLES_PER_FRAME, Harness, expect_rpc_error, expected_signal, run
+from tests.helpers.fake_stages import (
+    SAMPLES_PER_FRAME,
+    Harness,
+    expect_rpc_error,
+    expect_streaming_error,
+    expected_signal,
+    run,
+)
 from tests.helpers.ports import free_port
 from tests.unit.gateway.test_validation import wav_bytes
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
@@ -361,10 +368,9 @@ def test_without_an_aligner_timestamps_are_failed_precondition() -> None:
             error = await expect_rpc_error(h.stub.Synthesize(request("Hi."), timeout=5))
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert "this server has no aligner stage" in (error.details() or "")
-            call = h.stub.StreamingSynthesize(
-                iter([Message(config=request("")), Message(text="Hi.")]), timeout=5
+            error = await expect_streaming_error(
+                h, [Message(config=request("")), Message(text="Hi.")], timeout=5
             )
-            error = await expect_rpc_error(call)
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION
             assert not (await h.stub.ListModels(tts_pb2.ListModelsRequest())).models[0].timestamps_supported
             # Without timestamps nothing changes.
@@ -390,10 +396,9 @@ def test_without_an_aligner_timestamps_are_refused_before_any_work() -> None:
             cloned = request("Hi.", speaker="", clone=clone)
             error = await expect_rpc_error(h.stub.Synthesize(cloned, timeout=5))
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
-            call = h.stub.StreamingSynthesize(
-                iter([Message(config=request("", speaker="", clone=clone))]), timeout=5
+            error = await expect_streaming_error(
+                h, [Message(config=request("", speaker="", clone=clone))], timeout=5
             )
-            error = await expect_rpc_error(call)
             assert error.code() == grpc.StatusCode.FAILED_PRECONDITION, error.details()
             assert h.speaker.requests == [] and h.talker.requests == []
             # At capacity (one stream held open), still FAILED_PRECONDITION.
