@@ -8,6 +8,7 @@ from tts_common.stage_main import run_stage_process
 
 from .config import FLAGS, aligner_config_from_args
 from .model import AlignInput, load_aligner
+from .model.dtype_probe import checkpoint_aligner_probe
 from .server import AlignerServicer
 
 
@@ -23,6 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         add_to_server=stages_pb2_grpc.add_AlignerServicer_to_server,
         pb2_module=stages_pb2,
+        cpu_dtype_probe=checkpoint_aligner_probe,
         service="Aligner",
         argv=argv,
     )

@@ -6,6 +6,7 @@ from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.stage_main import run_stage_process
 
 from .config import FLAGS, speaker_config_from_args
+from .model.dtype_probe import checkpoint_speaker_probe
 from .server import SpeakerServicer
 
 
@@ -17,6 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         add_to_server=stages_pb2_grpc.add_SpeakerServicer_to_server,
         pb2_module=stages_pb2,
+        cpu_dtype_probe=checkpoint_speaker_probe,
         service="Speaker",
         argv=argv,
     )

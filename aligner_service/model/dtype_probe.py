@@ -1,0 +1,88 @@
+"""The aligner's step for ``--dtype auto`` on CPU (:mod:`tts_common.auto_dtype`): one batched
+forward pass, :meth:`ForcedAligner.predict_classes` of a fixed synthetic clip and a short English
+sentence per row, through the checkpoint's own aligner loaded in each dtype.
+
+That is what the batcher runs on the compute thread for a batch of Align calls: the features and
+prompt ids (float32 numpy whatever the dtype), the audio tower's convolutions and transformer, the
+Qwen3 text model and the timestamp classifier. The whole pass is timed, as the decoder's is: on a
+CPU without bf16 arithmetic the bfloat16 convolutions may run emulated while the linears read half
+the bytes, and only the measurement says which wins. The batcher joins up to ``--max-batch-size``
+(8 by default) concurrent calls in one pass, so 1 and 8 rows are timed.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from tts_common.auto_dtype import StepProbe
+
+from .aligner import ForcedAligner
+from .config import ForcedAlignerConfig
+from .frontend import SAMPLE_RATE, AlignInput
+from .loader import load_aligner
+
+CLIP_SECONDS = 4.0
+"""Length of each row's audio: a short utterance, as a streamed sentence is."""
+WORDS = "the quick brown fox jumps over the lazy dog".split()
+"""Each row's text (nine words, so eighteen ``<timestamp>`` positions)."""
+
+
+def utterance_clip(seconds: float = CLIP_SECONDS, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
+    """A deterministic speech-like mono float32 clip in [-1, 1]: gliding harmonics under an
+    envelope, plus noise (the pass's time depends on its length, not on what it holds)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(int(sample_rate * seconds)) / sample_rate
+    phase = 2 * np.pi * np.cumsum(140.0 + 40.0 * np.sin(2 * np.pi * 0.7 * t)) / sample_rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.3 * t) ** 2
+    return (0.2 * envelope * voiced + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
+
+
+def aligner_step_probe(
+    load: Callable[[torch.dtype], ForcedAligner],
+    what: str,
+    buckets: tuple[int, ...] = (1, 8),
+    seconds: float = CLIP_SECONDS,
+    words: list[str] = WORDS,
+) -> StepProbe:
+    """One forward pass of ``rows`` utterances of ``seconds`` and ``words``; ``load(dtype)``
+    gives the aligner in a dtype (called once per dtype). Each (dtype, rows) is run once untimed
+    before its first timing."""
+    aligners: dict[str, ForcedAligner] = {}
+    warm: set[tuple[str, int]] = set()
+    item = AlignInput(audio=utterance_clip(seconds), sample_rate=SAMPLE_RATE, words=list(words))
+
+    def step_seconds(dtype: str, rows: int) -> float:
+        if dtype not in aligners:
+            aligners[dtype] = load(getattr(torch, dtype))
+        aligner = aligners[dtype]
+        batch = [item] * rows
+        if (dtype, rows) not in warm:
+            aligner.predict_classes(batch)
+            warm.add((dtype, rows))
+        t0 = time.perf_counter()
+        aligner.predict_classes(batch)
+        return time.perf_counter() - t0
+
+    return StepProbe("aligner", what, step_seconds, buckets)
+
+
+def checkpoint_aligner_probe(model_dir: str | Path) -> StepProbe:
+    """:func:`aligner_step_probe` of the aligner checkpoint at ``model_dir`` (its weights, on CPU)."""
+    config = ForcedAlignerConfig.from_checkpoint(model_dir)
+    audio, text = config.audio, config.text
+    what = (
+        f"a {CLIP_SECONDS:g} s utterance of {len(WORDS)} words per row (audio tower: convolutions of "
+        f"{audio.downsample_hidden_size}, {audio.encoder_layers} layers of {audio.d_model}, "
+        f"feed-forward {audio.encoder_ffn_dim}; text model: {text.num_hidden_layers} layers of "
+        f"{text.hidden_size}, intermediate {text.intermediate_size}; {config.classify_num} classes)"
+    )
+    return aligner_step_probe(lambda dtype: load_aligner(model_dir, device="cpu", dtype=dtype), what)
+
+
+__all__ = ["CLIP_SECONDS", "WORDS", "aligner_step_probe", "checkpoint_aligner_probe", "utterance_clip"]

@@ -1,0 +1,82 @@
+"""The aligner's ``--dtype auto`` step (aligner_service/model/dtype_probe.py) on the tiny aligner
+checkpoint: one batched forward pass at 1 and 8 rows, the model loaded once per dtype."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from aligner_service.model import dtype_probe
+from aligner_service.model.dtype_probe import CLIP_SECONDS, WORDS, checkpoint_aligner_probe
+from tts_common.auto_dtype import CANDIDATES, StepProbe, measured_cpu_dtype, probe_cache_path
+from tts_common.kernels.cache import CACHE_ENV
+
+CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "aligner" / "ckpt"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def probe_and_loads() -> Iterator[tuple[StepProbe, list[str]]]:
+    """The probe of the fixture checkpoint, with every model load it makes recorded (by dtype)."""
+    loads: list[str] = []
+    load = dtype_probe.load_aligner
+
+    def counted(path, *, device="cpu", dtype=None):  # type: ignore[no-untyped-def]
+        loads.append(str(dtype).removeprefix("torch."))
+        return load(path, device=device, dtype=dtype)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(dtype_probe, "load_aligner", counted)
+        yield checkpoint_aligner_probe(CKPT), loads
+
+
+def test_probe_is_a_batched_pass_at_1_and_8_rows(probe_and_loads: tuple[StepProbe, list[str]]) -> None:
+    probe, _ = probe_and_loads
+    assert probe.stage == "aligner" and probe.buckets == (1, 8)
+    # the cache key names what the time depends on: clip length, words, model sizes
+    assert f"a {CLIP_SECONDS:g} s utterance of {len(WORDS)} words" in probe.what
+    assert "2 layers of 32" in probe.what and "2 layers of 64, intermediate 128" in probe.what
+    assert probe.key.startswith("aligner: ") and "rows 1/8;" in probe.key
+
+
+def test_steps_time_each_dtype_and_load_each_once(probe_and_loads: tuple[StepProbe, list[str]]) -> None:
+    probe, loads = probe_and_loads
+    for _ in range(2):
+        for dtype in CANDIDATES:
+            for rows in probe.buckets:
+                seconds = probe.step_seconds(dtype, rows)
+                assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
+    assert sorted(loads) == sorted(CANDIDATES)
+
+
+def test_measured_dtype_is_cached(
+    probe_and_loads: tuple[StepProbe, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe, loads = probe_and_loads
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert measured_cpu_dtype(probe) in CANDIDATES
+    path = probe_cache_path()
+    assert path.parent == tmp_path
+    times = json.loads(path.read_text())[probe.key]
+    assert set(times) == set(CANDIDATES) and all(t > 0 for t in times["float32"].values())
+    assert len(loads) <= len(CANDIDATES)  # the probe's models were kept between steps
+
+    def no_step(dtype: str, rows: int) -> float:
+        raise AssertionError("a cached probe is not timed again")
+
+    again = StepProbe(probe.stage, probe.what, no_step, probe.buckets)
+    assert measured_cpu_dtype(again) in CANDIDATES
+
+
+def test_main_passes_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    import aligner_service.__main__ as entry
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
+    entry.main([])
+    assert seen["cpu_dtype_probe"] is checkpoint_aligner_probe

@@ -1,0 +1,94 @@
+"""The speaker stage's ``--dtype auto`` step (speaker_service/model/dtype_probe.py) on the tiny
+Base checkpoint: one reference through the front end, loaded once per dtype."""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from speaker_service.model import VoiceCloneFrontEnd
+from speaker_service.model.dtype_probe import CLIP_SECONDS, checkpoint_speaker_probe
+from tts_common.auto_dtype import CANDIDATES, StepProbe, measured_cpu_dtype, probe_cache_path
+from tts_common.kernels.cache import CACHE_ENV
+
+CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "ckpt"
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def probe_and_loads() -> Iterator[tuple[StepProbe, list[str]]]:
+    """The probe of tiny_base, with every front-end load it makes recorded (by dtype)."""
+    loads: list[str] = []
+    load = VoiceCloneFrontEnd.from_checkpoint
+
+    def counted(path, device="cpu", dtype=None):  # type: ignore[no-untyped-def]
+        loads.append(str(dtype).removeprefix("torch."))
+        return load(path, device, dtype)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(VoiceCloneFrontEnd, "from_checkpoint", counted)
+        yield checkpoint_speaker_probe(CKPT / "tiny_base"), loads
+
+
+def test_probe_is_one_reference_at_one_row(probe_and_loads: tuple[StepProbe, list[str]]) -> None:
+    probe, _ = probe_and_loads
+    assert probe.stage == "speaker" and probe.buckets == (1,)
+    # the cache key names what the time depends on: clip length, encoder sizes
+    assert f"{CLIP_SECONDS:g} s reference at 24000 Hz" in probe.what
+    assert "channels 32/32/32/32/96" in probe.what and "1 layers of 32" in probe.what
+    assert probe.key.startswith("speaker: ") and "rows 1;" in probe.key
+
+
+def test_steps_time_each_dtype_and_load_each_once(probe_and_loads: tuple[StepProbe, list[str]]) -> None:
+    probe, loads = probe_and_loads
+    for _ in range(2):
+        for dtype in CANDIDATES:
+            for rows in probe.buckets:
+                seconds = probe.step_seconds(dtype, rows)
+                assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
+    assert sorted(loads) == sorted(CANDIDATES)
+
+
+def test_measured_dtype_is_cached(
+    probe_and_loads: tuple[StepProbe, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    probe, loads = probe_and_loads
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    assert measured_cpu_dtype(probe) in CANDIDATES
+    path = probe_cache_path()
+    assert path.parent == tmp_path
+    times = json.loads(path.read_text())[probe.key]
+    assert set(times) == set(CANDIDATES) and all(t > 0 for t in times["float32"].values())
+    assert len(loads) <= len(CANDIDATES)  # the probe's front ends were kept between steps
+
+    def no_step(dtype: str, rows: int) -> float:
+        raise AssertionError("a cached probe is not timed again")
+
+    again = StepProbe(probe.stage, probe.what, no_step, probe.buckets)
+    assert measured_cpu_dtype(again) in CANDIDATES
+
+
+def test_checkpoint_without_speaker_encoder_keeps_float32(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A CustomVoice checkpoint serves no voice cloning (the stage answers unavailable): nothing
+    is loaded or timed, and auto means float32 rather than a failed start."""
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
+    probe = checkpoint_speaker_probe(CKPT / "tiny_custom_voice")
+    assert probe.stage == "speaker" and "no speaker encoder" in probe.what
+    assert probe.step_seconds("bfloat16", 1) == 0.0
+    assert measured_cpu_dtype(probe) == "float32"
+
+
+def test_main_passes_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
+    import speaker_service.__main__ as entry
+
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
+    entry.main([])
+    assert seen["cpu_dtype_probe"] is checkpoint_speaker_probe
