@@ -71,12 +71,3 @@ def test_measured_dtype_is_cached(
 
     again = StepProbe(probe.stage, probe.what, no_step, probe.buckets)
     assert measured_cpu_dtype(again) in CANDIDATES
-
-
-def test_main_passes_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    import aligner_service.__main__ as entry
-
-    seen: dict[str, object] = {}
-    monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
-    entry.main([])
-    assert seen["cpu_dtype_probe"] is checkpoint_aligner_probe

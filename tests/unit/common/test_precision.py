@@ -129,3 +129,17 @@ def test_stage_processes_resolve_auto_on_their_own_step_before_building_their_co
         fixed = StageModelConfig(model="m", device="cpu", dtype=name)
         assert resolve_model_config(fixed, probe) is fixed
     assert probed == ["m"]  # an explicit dtype times nothing
+
+
+@pytest.mark.parametrize("stage", ["talker", "decoder", "speaker", "aligner"])
+def test_every_stage_process_resolves_auto_on_its_own_step(
+    stage: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import importlib
+
+    entry = importlib.import_module(f"{stage}_service.__main__")
+    probes = importlib.import_module(f"{stage}_service.model.dtype_probe")
+    seen: dict[str, object] = {}
+    monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
+    entry.main([])
+    assert seen["cpu_dtype_probe"] is getattr(probes, f"checkpoint_{stage}_probe")

@@ -83,12 +83,3 @@ def test_checkpoint_without_speaker_encoder_keeps_float32(
     assert probe.stage == "speaker" and "no speaker encoder" in probe.what
     assert probe.step_seconds("bfloat16", 1) == 0.0
     assert measured_cpu_dtype(probe) == "float32"
-
-
-def test_main_passes_the_probe(monkeypatch: pytest.MonkeyPatch) -> None:
-    import speaker_service.__main__ as entry
-
-    seen: dict[str, object] = {}
-    monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
-    entry.main([])
-    assert seen["cpu_dtype_probe"] is checkpoint_speaker_probe
