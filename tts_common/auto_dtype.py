@@ -1,14 +1,15 @@
 """``--dtype auto`` on CPU: each stage times its own step in float32 and in bfloat16 and keeps
 bfloat16 only where it is faster at every batch size timed, never by CPU flags alone.
 
-A CPU without bf16 arithmetic (AVX2, or AVX-512 without AVX512-BF16) can still run one stage
-faster in bfloat16 and another slower: on an AVX2-only AMD EPYC (Zen 3) the talker's frame is
-memory-bound and reads half the bytes in bfloat16 (its GEMV widens the weights as it loads them),
-while the decoder's convolutions have no bf16 kernel there and are emulated, about ten times
-slower. So the choice is per stage, on that stage's own step (:class:`StepProbe`, written next to
-each stage's model). The timings are cached per CPU model, torch version and thread count
-(:func:`probe_cache_path`), so only a machine's first start measures.
-"""
+Flags do not tell: on a CPU without bf16 arithmetic (AVX2, or AVX-512 without AVX512-BF16) one
+stage's step can still be faster in bfloat16 and another's slower. On a 2-core AVX2-only AMD
+EPYC (Zen 3), 0.6B: the talker's frame linears, bound by memory at one row, take 181 ms in
+bfloat16 against 288 in float32 (half the bytes; the GEMV widens the weights as it loads them),
+but 418 against 401 at eight rows, where the widening costs more than the bytes save; the
+decoder's bf16 convolutions are emulated, 4863 ms a 4-frame chunk against 370. So the choice is
+per stage, on that stage's own step (:class:`StepProbe`, written next to each stage's model).
+The timings are cached per CPU model, torch version and thread count (:func:`probe_cache_path`),
+so only a machine's first start measures."""
 
 from __future__ import annotations
 
@@ -27,7 +28,10 @@ logger = logging.getLogger(__name__)
 CANDIDATES = ("float32", "bfloat16")
 """The dtypes ``auto`` chooses between on CPU (float16 has no fast CPU path)."""
 ROUNDS = 3
-"""Times each (dtype, rows) step is timed; the best is kept."""
+"""Times each (dtype, rows) step is timed at most; the best is kept."""
+DECISIVE = 2.0
+"""A ratio of the two dtypes' times past which a row count is decided after one round (no burst
+of load doubles a step time; an emulated bf16 step can take seconds)."""
 
 
 @dataclass(frozen=True)
@@ -43,7 +47,7 @@ class StepProbe:
 
     step_seconds: Callable[[str, int], float]
     """Seconds of one step in a dtype (a name of :data:`CANDIDATES`) at a number of rows (streams
-    batched together). Called :data:`ROUNDS` times per pair, the pairs taking turns: set-up
+    batched together). Called up to :data:`ROUNDS` times per pair, the pairs taking turns: set-up
     (loading the model in a dtype) is the probe's to keep between calls."""
 
     buckets: tuple[int, ...] = (1, 8)
@@ -70,10 +74,11 @@ def _bf16_faster(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -
 def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
     """Seconds per step by dtype and rows, from the cache or measured and cached.
 
-    Rows from fewest to most, each timed :data:`ROUNDS` times with the dtypes taking turns, the
-    best kept (a burst of load from other processes slows both alike rather than one). Once
-    bfloat16 is not faster at some rows the choice is float32 and larger rows are not timed: an
-    emulated bf16 step can take seconds (the decoder's, on a CPU without bf16 arithmetic).
+    Rows from fewest to most, each timed :data:`ROUNDS` times (once where one dtype is
+    :data:`DECISIVE` times faster) with the dtypes taking turns, the best kept (a burst of load
+    from other processes slows both alike rather than one). Once bfloat16 is not faster at some
+    rows the choice is float32 and larger rows are not timed: an emulated bf16 step can take
+    seconds (the decoder's, on a CPU without bf16 arithmetic).
     """
     path = probe_cache_path()
     cached = load_json(path).get(probe.key)
@@ -87,6 +92,9 @@ def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
         for _ in range(ROUNDS):
             for d in CANDIDATES:
                 times[d][b] = min(times[d].get(b, float("inf")), probe.step_seconds(d, b))
+            ratio = times["bfloat16"][b] / times["float32"][b]
+            if not 1 / DECISIVE <= ratio <= DECISIVE:  # more rounds cannot turn it round
+                break
         if not _bf16_faster(times, (b,)):
             break
     logger.info("--dtype auto on CPU, %s: measured in %.1f s", probe.stage, time.perf_counter() - t0)
@@ -117,4 +125,4 @@ def measured_cpu_dtype(probe: StepProbe) -> str:
     return pick
 
 
-__all__ = ["CANDIDATES", "StepProbe", "measured_cpu_dtype", "probe_cache_path"]
+__all__ = ["CANDIDATES", "DECISIVE", "ROUNDS", "StepProbe", "measured_cpu_dtype", "probe_cache_path"]

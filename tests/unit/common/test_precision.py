@@ -13,7 +13,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tts_common import cpu_info
-from tts_common.auto_dtype import CANDIDATES, ROUNDS, StepProbe, measured_cpu_dtype, probe_cache_path
+from tts_common.auto_dtype import (
+    CANDIDATES,
+    DECISIVE,
+    ROUNDS,
+    StepProbe,
+    measured_cpu_dtype,
+    probe_cache_path,
+)
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.precision import DTYPES, cpu_flags, cpu_has_native_bf16, cpu_model, resolve_dtype
 
@@ -53,10 +60,11 @@ def test_auto_on_cpu_is_bf16_only_where_the_stage_step_is_faster_at_every_row_co
     step = FakeStep({"float32": fp32, "bfloat16": bf16}, what=f"{fp32} {bf16}")  # fresh cache key
     got = resolve_dtype("auto", "cpu", step.probe)
     assert got == ("bfloat16" if all(bf16[b] < fp32[b] for b in BUCKETS) else "float32")
-    # Rows in ascending order, the dtypes taking turns ROUNDS times; rows past the first where
-    # bfloat16 loses are not timed (its choice is float32 already).
+    # Rows in ascending order, the dtypes taking turns ROUNDS times (once where one is DECISIVE
+    # times faster); rows past the first where bfloat16 loses are not timed (float32 already).
     timed = [1] if bf16[1] >= fp32[1] else [1, 8]
-    assert step.calls == [(d, b) for b in timed for _ in range(ROUNDS) for d in CANDIDATES]
+    rounds = {b: 1 if not 1 / DECISIVE <= bf16[b] / fp32[b] <= DECISIVE else ROUNDS for b in timed}
+    assert step.calls == [(d, b) for b in timed for _ in range(rounds[b]) for d in CANDIDATES]
 
 
 def test_the_choice_does_not_look_at_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
