@@ -24,7 +24,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         add_to_server=stages_pb2_grpc.add_AlignerServicer_to_server,
         pb2_module=stages_pb2,
-        cpu_dtype_probe=checkpoint_aligner_probe,
+        cpu_dtype_probe=lambda model, args: checkpoint_aligner_probe(model.model),
         service="Aligner",
         argv=argv,
     )

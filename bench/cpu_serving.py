@@ -217,8 +217,10 @@ class RunDtypes:
         return self.talker if self.talker == self.decoder else f"talker-{self.talker}-decoder-{self.decoder}"
 
     @classmethod
-    def resolve(cls, requested: str, model: Path) -> RunDtypes:
-        talker = resolve_dtype(requested, "cpu", functools.partial(checkpoint_talker_probe, model))
+    def resolve(cls, requested: str, model: Path, quantization: str) -> RunDtypes:
+        talker = resolve_dtype(
+            requested, "cpu", functools.partial(checkpoint_talker_probe, model, quantization)
+        )
         decoder = resolve_dtype(requested, "cpu", functools.partial(checkpoint_decoder_probe, model))
         return cls(requested, talker, decoder)
 
@@ -490,7 +492,7 @@ def main() -> None:
         if plus and quantization != "int8":
             ap.error(f"--dtypes {name}: only +int8 quantizes")
         quantization = quantization or "none"
-        dtypes = RunDtypes.resolve(base, model)
+        dtypes = RunDtypes.resolve(base, model, quantization)
         print(f"== --dtype {name} ({dtypes.label}, quantization {quantization})", flush=True)
         described = {"dtype": dtypes.talker, "decoder_dtype": dtypes.decoder}
         key = (dtypes.talker, dtypes.decoder, quantization)

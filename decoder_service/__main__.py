@@ -18,7 +18,7 @@ def main(argv: list[str] | None = None) -> None:
         ),
         add_to_server=stages_pb2_grpc.add_DecoderServicer_to_server,
         pb2_module=stages_pb2,
-        cpu_dtype_probe=checkpoint_decoder_probe,
+        cpu_dtype_probe=lambda model, args: checkpoint_decoder_probe(model.model),
         service="Decoder",
         argv=argv,
     )

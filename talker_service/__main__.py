@@ -16,7 +16,7 @@ def main(argv: list[str] | None = None) -> None:
         build_servicer=lambda model, args: TalkerServicer(model.model, engine_config_from_args(model, args)),
         add_to_server=stages_pb2_grpc.add_TalkerServicer_to_server,
         pb2_module=stages_pb2,
-        cpu_dtype_probe=checkpoint_talker_probe,
+        cpu_dtype_probe=lambda model, args: checkpoint_talker_probe(model.model, args.quantization),
         service="Talker",
         argv=argv,
     )

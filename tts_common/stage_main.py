@@ -79,14 +79,13 @@ class StageServicer(Protocol):
         """Load the model (health turns SERVING once this returns)."""
 
 
-def resolve_model_config(model: StageModelConfig, cpu_probe: Callable[[str], StepProbe]) -> StageModelConfig:
+def resolve_model_config(model: StageModelConfig, cpu_probe: Callable[[], StepProbe]) -> StageModelConfig:
     """``model`` with ``--dtype auto`` replaced by the dtype it means on ``model.device``
-    (:func:`tts_common.precision.resolve_dtype`; on CPU ``cpu_probe(model.model)`` is the
-    stage's step it times), logged; other dtypes unchanged."""
+    (:func:`tts_common.precision.resolve_dtype`; on CPU ``cpu_probe()`` is the stage's step it
+    times), logged; other dtypes unchanged."""
     if model.dtype != "auto":
         return model
-    probe = functools.partial(cpu_probe, model.model)
-    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device, probe))
+    resolved = dataclasses.replace(model, dtype=resolve_dtype(model.dtype, model.device, cpu_probe))
     logging.getLogger(__name__).info("--dtype auto on %s: %s", resolved.device, resolved.dtype)
     return resolved
 
@@ -98,7 +97,7 @@ def run_stage_process(
     add_to_server: Callable[[Any, grpc.aio.Server], None],
     pb2_module: ModuleType,
     service: str,
-    cpu_dtype_probe: Callable[[str], StepProbe],
+    cpu_dtype_probe: Callable[[StageModelConfig, argparse.Namespace], StepProbe],
     argv: list[str] | None = None,
 ) -> None:
     """Parse flags, set up logging, serve until SIGTERM/SIGINT (then drain and exit 0).
@@ -106,8 +105,8 @@ def run_stage_process(
     ``--model`` (or ``QWEN3TTS_MODEL``) is required; ``build_servicer(model_config, args)``
     builds the servicer (its stage config from ``args``), whose ``load()`` runs while health says
     NOT_SERVING and whose optional ``close()`` runs after the server stopped.
-    ``cpu_dtype_probe(model_dir)``: the stage's step, timed for ``--dtype auto`` on CPU (on the
-    thread count ``--threads`` sets).
+    ``cpu_dtype_probe(model_config, args)``: the stage's step, timed for ``--dtype auto`` on CPU
+    (on the thread count ``--threads`` sets).
     """
     parser = flags.parser()
     args = parser.parse_args(argv)
@@ -120,7 +119,7 @@ def run_stage_process(
         import torch
 
         torch.set_num_threads(model.threads)
-    model = resolve_model_config(model, cpu_dtype_probe)
+    model = resolve_model_config(model, functools.partial(cpu_dtype_probe, model, args))
     servicer = build_servicer(model, args)
 
     async def run() -> None:

@@ -14,30 +14,40 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import torch
+
 from tts_common.auto_dtype import StepProbe
 from tts_common.config import TalkerConfig, load_checkpoint_config
+from tts_common.kernels.candidates import family_kernels
 from tts_common.kernels.choice import KernelTable, frame_linear_calls, measure_kernels
 
 
-def talker_step_probe(talker: TalkerConfig, buckets: tuple[int, ...] = (1, 8)) -> StepProbe:
-    """The linears of one decode frame of ``talker``, timed per dtype at ``buckets`` rows."""
+def talker_step_probe(
+    talker: TalkerConfig, quantization: str = "none", buckets: tuple[int, ...] = (1, 8)
+) -> StepProbe:
+    """The linears of one decode frame of ``talker``, timed per dtype at ``buckets`` rows; with
+    ``quantization`` int8 the int8 kernels that take activations in that dtype (``--dtype``
+    then sets the activations only)."""
     calls = frame_linear_calls(talker)
     tables: dict[str, KernelTable] = {}
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in tables:  # every bucket measured at once, then from the table
-            tables[dtype] = measure_kernels(calls, dtype, buckets)
+            family = "int8" if quantization == "int8" else dtype
+            kernels = family_kernels(family, getattr(torch, dtype))
+            tables[dtype] = measure_kernels(calls, family, buckets, kernels=kernels)
         return tables[dtype].step_seconds(calls, rows)
 
     streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
     shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
-    what = f"linears of a decode frame ({streamed / 1e6:.1f}M weights streamed: {shapes})"
+    weights = "int8 weights, " if quantization == "int8" else ""
+    what = f"linears of a decode frame ({weights}{streamed / 1e6:.1f}M weights streamed: {shapes})"
     return StepProbe("talker", what, step_seconds, buckets)
 
 
-def checkpoint_talker_probe(model_dir: str | Path) -> StepProbe:
+def checkpoint_talker_probe(model_dir: str | Path, quantization: str = "none") -> StepProbe:
     """:func:`talker_step_probe` of the talker of the checkpoint at ``model_dir``."""
-    return talker_step_probe(load_checkpoint_config(model_dir).model.talker)
+    return talker_step_probe(load_checkpoint_config(model_dir).model.talker, quantization)
 
 
 __all__ = ["checkpoint_talker_probe", "talker_step_probe"]

@@ -125,29 +125,36 @@ def test_cpuinfo_parsing(tmp_path: Path) -> None:
 def test_stage_processes_resolve_auto_on_their_own_step_before_building_their_config() -> None:
     from tts_common.stage_main import StageModelConfig, resolve_model_config
 
-    probed: list[str] = []
+    probed: list[bool] = []
 
-    def probe(model_dir: str) -> StepProbe:
-        probed.append(model_dir)
+    def probe() -> StepProbe:
+        probed.append(True)
         return FakeStep({"float32": {1: 2.0, 8: 2.0}, "bfloat16": {1: 1.0, 8: 1.0}}).probe()
 
     auto = resolve_model_config(StageModelConfig(model="m", device="cpu", dtype="auto"), probe)
-    assert auto.dtype == "bfloat16" and auto.model == "m" and probed == ["m"]
+    assert auto.dtype == "bfloat16" and auto.model == "m" and probed == [True]
     for name in DTYPES:
         fixed = StageModelConfig(model="m", device="cpu", dtype=name)
         assert resolve_model_config(fixed, probe) is fixed
-    assert probed == ["m"]  # an explicit dtype times nothing
+    assert probed == [True]  # an explicit dtype times nothing
 
 
 @pytest.mark.parametrize("stage", ["talker", "decoder", "speaker", "aligner"])
 def test_every_stage_process_resolves_auto_on_its_own_step(
     stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import argparse
     import importlib
 
+    from tts_common.stage_main import StageModelConfig
+
     entry = importlib.import_module(f"{stage}_service.__main__")
-    probes = importlib.import_module(f"{stage}_service.model.dtype_probe")
+    name = f"checkpoint_{stage}_probe"
     seen: dict[str, object] = {}
+    probed: list[tuple] = []
     monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
+    monkeypatch.setattr(entry, name, lambda *a: probed.append(a) or "probe")
     entry.main([])
-    assert seen["cpu_dtype_probe"] is getattr(probes, f"checkpoint_{stage}_probe")
+    args = argparse.Namespace(quantization="int8")
+    assert seen["cpu_dtype_probe"](StageModelConfig(model="ckpt"), args) == "probe"  # type: ignore[operator]
+    assert probed == [("ckpt", "int8") if stage == "talker" else ("ckpt",)]  # the talker's quantization
