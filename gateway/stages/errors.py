@@ -150,7 +150,8 @@ class StageError(TTSError):
         """The error of a failed stage call. grpc-core failing to send on a connection that
         broke (the replica died mid-stream; every later read of the call reports it too) is a
         connection failure, which another replica may take over; any other status is the
-        stage's."""
+        stage's. (A stream call of the pipeline first looks for the status the stage sent, which
+        grpc's failed send can hide: ``gateway.stages.pipeline._StageCall.error``.)"""
         if exc.code() is grpc.StatusCode.INTERNAL and exc.details() == LOCAL_SEND_FAILURE:
             return cls(
                 stage, grpc.StatusCode.UNAVAILABLE, f"sending to it failed ({exc.debug_error_string()})"

@@ -49,7 +49,7 @@ from tts_common import metrics
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 
 from ..config import FailoverPolicy
-from .errors import StageError
+from .errors import LOCAL_SEND_FAILURE, StageError
 from .failover import FrameLog, record_failover, trim_pcm
 from .routing import Endpoint, StageClient
 
@@ -59,6 +59,10 @@ StubT = TypeVar("StubT")
 
 CANCEL_WRITE_TIMEOUT_S = 0.5
 """How long close() tries to deliver the Cancel message before cancelling the talker call."""
+
+SEND_FAILURE_SETTLE_S = 1.0
+"""How long a stage call that grpc could not send a message on, and that had no status of its
+own yet, may take to report the stage's status (:meth:`_StageCall.error`)."""
 
 
 class _PinnedStub(Generic[StubT]):
@@ -87,6 +91,28 @@ def _replicas(stage: str, given: StageClient[StubT] | StubT) -> StageClient[Stub
     return given if isinstance(given, StageClient) else _PinnedStub(stage, given)
 
 
+def _status_now(call: grpc.aio.StreamStreamCall) -> tuple[grpc.StatusCode, str] | None:
+    """``call``'s status as grpc.aio holds it now, read without yielding to the event loop (its
+    ``code()`` and ``details()`` return without waiting when it has one); None while it has none."""
+    status: list[Any] = []
+    for read in (call.code, call.details):
+        coroutine = read()
+        try:
+            coroutine.send(None)
+        except StopIteration as done:
+            status.append(done.value)
+            continue
+        except Exception:  # noqa: BLE001 - called from grpc's done callbacks: never raise there
+            return None
+        coroutine.close()  # it would wait: no status yet
+        return None
+    return status[0], status[1]
+
+
+def _is_local_send_failure(code: grpc.StatusCode, details: str) -> bool:
+    return code is grpc.StatusCode.INTERNAL and details == LOCAL_SEND_FAILURE
+
+
 @dataclass(eq=False)
 class _StageCall(Generic[StubT]):
     """The current call of one stage for a stream, its replica, and the replicas that failed it."""
@@ -99,11 +125,69 @@ class _StageCall(Generic[StubT]):
     """Bumped by every new call (the first one included)."""
     failed: list[Endpoint[StubT]] = field(default_factory=list)
     failovers: int = 0
+    first_status: tuple[grpc.aio.StreamStreamCall, grpc.StatusCode, str] | None = None
+    """The status the latest call ended with first (see :meth:`error`), and that call."""
 
     def replace(self, endpoint: Endpoint[StubT], call: grpc.aio.StreamStreamCall) -> None:
         self.drop()
         self.endpoint, self.call = endpoint, call
         self.generation += 1
+        call.add_done_callback(self._ended)
+
+    def _ended(self, call: grpc.aio.StreamStreamCall) -> None:
+        # grpc.aio runs a call's done callbacks once, when its first status is set.
+        status = _status_now(call)
+        if status is not None:
+            self.first_status = (call, *status)
+
+    async def error(
+        self, call: grpc.aio.StreamStreamCall, exc: grpc.aio.AioRpcError | None = None
+    ) -> StageError:
+        """The StageError of ``call``, which failed with ``exc`` (None: it ended, with the
+        non-OK status it holds).
+
+        grpc/grpc#36066: where grpc.aio's client cannot send a message into a call the stage has
+        just ended (e.g. text still streamed to a talker that rejected the request), its
+        ``_write`` gives the call a status of its own, INTERNAL "Internal error from Core"
+        (``set_internal_error``), over the stage's status if that already arrived; the write and
+        every later read report it. Taken for a broken connection (``StageError.from_rpc_error``),
+        a stage's verdict would be failed over to another replica (a healthy one marked failed,
+        the request run again) and reach the client as UNAVAILABLE. So the stage's own status is
+        used: the call's first one (its done callback records it; a replica that died gives
+        UNAVAILABLE there, and fails over), or else the one that replaces grpc's within
+        :data:`SEND_FAILURE_SETTLE_S` (the stage's status arriving after the failed send). Where
+        none comes, the stage said nothing to go by: UNAVAILABLE, not failed over."""
+        if exc is None:
+            code, details, debug = await call.code(), await call.details(), await call.debug_error_string()
+        else:
+            code, details, debug = exc.code(), exc.details() or "", exc.debug_error_string()
+        if _is_local_send_failure(code, details):
+            status = await self._status_sent(call)
+            if status is None:
+                return StageError(
+                    self.stage,
+                    grpc.StatusCode.UNAVAILABLE,
+                    f"sending to it failed and it sent no status ({debug})",
+                    connection_failure=False,
+                )
+            code, details = status
+            if code is grpc.StatusCode.OK:
+                return StageError(self.stage, grpc.StatusCode.UNAVAILABLE, "the call ended early")
+        return StageError(self.stage, code, details or code.name)
+
+    async def _status_sent(self, call: grpc.aio.StreamStreamCall) -> tuple[grpc.StatusCode, str] | None:
+        """The status the stage ended ``call`` with, not grpc's own (see :meth:`error`)."""
+        deadline = time.monotonic() + SEND_FAILURE_SETTLE_S
+        while True:
+            first = self.first_status
+            if first is not None and first[0] is call and not _is_local_send_failure(*first[1:]):
+                return first[1], first[2]
+            code, details = await call.code(), await call.details()
+            if not _is_local_send_failure(code, details):
+                return code, details
+            if time.monotonic() >= deadline:
+                return None
+            await asyncio.sleep(0.01)
 
     def drop(self) -> None:
         """Cancel the current call (if still running) and end its replica's in-flight count."""
@@ -225,17 +309,15 @@ class SynthesisPipeline:
         assert call is not None
         if side is self._talker:
             async with self._talker_lock:
-                await self._write(
-                    "talker", call, stages_pb2.TalkerClientMessage(request=self._talker_request)
-                )
+                await self._write(side, call, stages_pb2.TalkerClientMessage(request=self._talker_request))
                 for message in self._text_sent:
-                    await self._write("talker", call, message)
+                    await self._write(side, call, message)
             return
-        await self._write("decoder", call, stages_pb2.DecoderClientMessage(start=self._decode_start))
+        await self._write(side, call, stages_pb2.DecoderClientMessage(start=self._decode_start))
         for chunk in self._frames.chunks():
-            await self._write("decoder", call, stages_pb2.DecoderClientMessage(chunk=chunk))
+            await self._write(side, call, stages_pb2.DecoderClientMessage(chunk=chunk))
         if self._end_sent:
-            await self._write("decoder", call, stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd()))
+            await self._write(side, call, stages_pb2.DecoderClientMessage(end=stages_pb2.DecodeEnd()))
             with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                 await call.done_writing()
 
@@ -299,24 +381,24 @@ class SynthesisPipeline:
                 if call is None:
                     continue
                 with contextlib.suppress(StageError):
-                    await self._write("talker", call, message)
+                    await self._write(self._talker, call, message)
 
     def _stop_text(self) -> None:
         if self._text_task is not None and not self._text_task.done():
             self._text_task.cancel()
 
     @staticmethod
-    async def _write(stage: str, call: grpc.aio.StreamStreamCall, message: object) -> None:
+    async def _write(side: _StageCall[Any], call: grpc.aio.StreamStreamCall, message: object) -> None:
         try:
             await call.write(message)
         except grpc.aio.AioRpcError as exc:
-            raise StageError.from_rpc_error(stage, exc) from exc
+            raise await side.error(call, exc) from exc
         except (asyncio.InvalidStateError, grpc.aio.UsageError) as exc:  # the call already ended
-            if call.done():
-                code = await call.code()
-                if code is not grpc.StatusCode.OK:
-                    raise StageError(stage, code, await call.details() or code.name) from exc
-            raise StageError(stage, grpc.StatusCode.UNAVAILABLE, f"the call ended early ({exc})") from exc
+            if call.done() and await call.code() is not grpc.StatusCode.OK:
+                raise await side.error(call) from exc
+            raise StageError(
+                side.stage, grpc.StatusCode.UNAVAILABLE, f"the call ended early ({exc})"
+            ) from exc
 
     # --- talker -> decoder ----------------------------------------------------------------------
     async def _run_talker(self) -> None:
@@ -371,7 +453,7 @@ class SynthesisPipeline:
         try:
             message = await call.read()
         except grpc.aio.AioRpcError as exc:
-            raise StageError.from_rpc_error("talker", exc) from exc
+            raise await self._talker.error(call, exc) from exc
         if message is grpc.aio.EOF:
             raise StageError(
                 "talker", grpc.StatusCode.UNAVAILABLE, "the Generate stream ended without TalkerDone"
@@ -404,7 +486,7 @@ class SynthesisPipeline:
             generation, call = self._decoder.generation, self._decoder.call
             assert call is not None
             try:
-                await self._write("decoder", call, message)
+                await self._write(self._decoder, call, message)
                 if codes is None:
                     with contextlib.suppress(grpc.aio.AioRpcError, asyncio.InvalidStateError):
                         await call.done_writing()
@@ -488,7 +570,7 @@ class SynthesisPipeline:
         try:
             message = read.result()
         except grpc.aio.AioRpcError as exc:
-            return None, StageError.from_rpc_error("decoder", exc)
+            return None, await self._decoder.error(call, exc)
         if message is grpc.aio.EOF:
             return None, StageError(
                 "decoder", grpc.StatusCode.UNAVAILABLE, "the Decode stream ended without DecodeDone"

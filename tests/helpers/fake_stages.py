@@ -17,6 +17,7 @@ and prints the port: the process tests start, SIGKILL and wait for it.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import sys
 from collections.abc import AsyncIterator, Callable, Coroutine, Sequence
@@ -128,7 +129,10 @@ async def _first_of(*events: asyncio.Event) -> None:
 
 
 class FakeTalker(stages_pb2_grpc.TalkerServicer):
-    """Emits ``frames`` frames ``delay`` seconds apart; honours Cancel and call cancellation."""
+    """Emits ``frames`` frames ``delay`` seconds apart; honours Cancel and call cancellation.
+    Text "talker-reject" (the request's, or an AppendText holding it) ends the call with
+    INVALID_ARGUMENT, the latter at once (or once :attr:`hold_reject` is set), while the client
+    may still be writing text."""
 
     def __init__(
         self,
@@ -167,6 +171,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         self.started = asyncio.Event()
         self.codes: Callable[[int], list[int]] = frame_codes
         """The codes of frame f (another function = a talker serving a different checkpoint)."""
+        self.hold_reject: asyncio.Event | None = None
+        """If given, an AppendText "talker-reject" ends the call only once this is set."""
 
     async def GetModelInfo(
         self,
@@ -211,11 +217,17 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         text = [request.text]
         text_arrived = asyncio.Event()
         text_ended = asyncio.Event()
+        rejected = asyncio.Event()
         if not request.text_open:
             text_ended.set()
         if request.text or not request.text_open:
             text_arrived.set()
         received = self.text_messages.setdefault(request.request_id, [])
+
+        async def reject() -> None:
+            if self.hold_reject is not None:
+                await self.hold_reject.wait()
+            await context.abort(grpc.StatusCode.INVALID_ARGUMENT, "fake talker rejects this")
 
         async def watch() -> None:
             async for message in request_iterator:
@@ -228,6 +240,9 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
                     text.append(message.append_text.text)
                     received.append(message.append_text.text)
                     text_arrived.set()
+                    if "talker-reject" in message.append_text.text:
+                        rejected.set()
+                        return
                 elif kind == "end_text":
                     received.append("<end>")
                     self.texts[request.request_id] = "".join(text)
@@ -240,6 +255,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
             n, reason = request.sampling.max_new_tokens - 1, tts_pb2.FINISH_REASON_LENGTH
         # Like the real talker: a text_open request starts once it has text (waits on Cancel too).
         await _first_of(text_arrived, cancel)
+        if rejected.is_set():
+            await reject()
         self.started.set()
         self.active += 1
         self.max_active = max(self.max_active, self.active)
@@ -247,10 +264,13 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
         try:
             for f in range(n + 1):
                 if f == n:  # a text_open request ends only after its text (it waits in its slot)
-                    await _first_of(text_ended, cancel)
-                    if not cancel.is_set():
+                    await _first_of(text_ended, cancel, rejected)
+                    if not (cancel.is_set() or rejected.is_set()):
                         break
-                await asyncio.sleep(self.delay)
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(rejected.wait(), self.delay)
+                if rejected.is_set():
+                    await reject()
                 if cancel.is_set():
                     self.stopped.set()
                     yield stages_pb2.TalkerServerMessage(
@@ -268,6 +288,8 @@ class FakeTalker(stages_pb2_grpc.TalkerServicer):
             yield stages_pb2.TalkerServerMessage(
                 done=stages_pb2.TalkerDone(frames=n, finish_reason=reason, queue_ms=1.5)
             )
+        except grpc.aio.AbortError:
+            raise
         except BaseException as exc:  # CancelledError, or GeneratorExit when grpc closes us
             self.cancelled_calls += 1
             self.stop_exceptions.append(type(exc).__name__)
