@@ -1,6 +1,7 @@
-"""Where the kernels package keeps what it builds and measures: the compiled GEMV and the
-kernel-choice tables (``$QWEN3TTS_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/qwen3-tts/kernels``,
-else ``~/.cache/qwen3-tts/kernels``)."""
+"""Where the kernels package keeps what it builds and measures: the compiled GEMV, the
+kernel-choice tables and the ``--dtype auto`` timings (:mod:`tts_common.auto_dtype`), in
+``$QWEN3TTS_KERNEL_CACHE``, else ``$XDG_CACHE_HOME/qwen3-tts/kernels``, else
+``~/.cache/qwen3-tts/kernels``."""
 
 from __future__ import annotations
 
