@@ -28,9 +28,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from talker_bench import frame_weight_bytes, read_bandwidth_gbs
-from talker_profile import step_runner
 
-from talker_service.model.dtype_probe import checkpoint_talker_probe
+from talker_service.model.dtype_probe import checkpoint_talker_probe, decode_step_runner
 from talker_service.model.loader import TalkerModel
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears
@@ -65,7 +64,7 @@ def main() -> None:
                     setattr(stack, attribute, None)
             kernels[name] += " (fused stacks off)"
         floors_bytes[name] = frame_weight_bytes(model.talker)
-        runners[name] = {b: step_runner(model, b, 32, opts.steps) for b in (1, opts.batch)}
+        runners[name] = {b: decode_step_runner(model, b, opts.steps) for b in (1, opts.batch)}
         for run in runners[name].values():
             run()  # warm-up
         print(f"{name} ({dtype}): {kernels[name]}", flush=True)

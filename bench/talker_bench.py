@@ -20,6 +20,7 @@ report sets the offline ms/frame against the floor of the dtype: the weight byte
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import threading
@@ -216,7 +217,15 @@ def main() -> None:
     ap.add_argument("--json", type=Path)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    dtype_name = resolve_dtype(args.dtype, "cpu", lambda: talker_step_probe(model_config(args.size).talker))
+    dtype_name = resolve_dtype(
+        args.dtype,
+        "cpu",
+        lambda: talker_step_probe(
+            functools.partial(build_model, args.size),
+            f"a decode step of a random {args.size} talker",
+            args.quantization,
+        ),
+    )
     dtype = getattr(torch, dtype_name)
     concurrency = [int(x) for x in args.concurrency.split(",")]
     t0 = time.perf_counter()

@@ -16,42 +16,11 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
+from talker_service.model.dtype_probe import decode_step_runner
 from talker_service.model.loader import TalkerModel
-from talker_service.model.sampling import SamplingTensors
-from talker_service.model.step import DecodeState, decode_step, prefill
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears
 from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES
-from tts_common.synthesis import SamplingParams
-
-
-def step_runner(model: TalkerModel, batch: int, prompt: int, steps: int):  # type: ignore[no-untyped-def]
-    """A closure running ``steps`` greedy decode steps over ``batch`` rows (prefilled once;
-    up to 32 calls)."""
-    h = model.config.model.talker.hidden_size
-    g = torch.Generator().manual_seed(0)
-    cache = model.allocate_cache(batch, prompt + 32 * steps + 8)  # room for 32 runs
-    params = SamplingTensors.stack([SamplingParams.greedy()], model.device)
-    with torch.inference_mode():
-        states = [
-            prefill(
-                model.talker,
-                cache,
-                slot,
-                (torch.randn(prompt, h, generator=g) * 0.02).to(model.dtype),
-                params,
-            )
-            for slot in range(batch)
-        ]
-    state = DecodeState.cat(states)
-    state.slots = None
-    trailing = torch.zeros(batch, h, dtype=model.dtype)
-
-    def run() -> None:
-        for _ in range(steps):
-            decode_step(model.talker, cache, state, trailing, int(state.positions.max()) + 1)
-
-    return run
 
 
 def main() -> None:
@@ -72,14 +41,14 @@ def main() -> None:
     print(f"{cpu_model()}, {torch.get_num_threads()} threads; {kernels}")
     walls = {}
     for batch in sorted({1, opts.batch}):
-        run = step_runner(model, batch, opts.prompt, opts.steps)
+        run = decode_step_runner(model, batch, opts.steps, opts.prompt)
         run()  # warm-up
         t0 = time.perf_counter()
         run()
         walls[batch] = (time.perf_counter() - t0) / opts.steps
         print(f"batch {batch}: {1000 * walls[batch]:.1f} ms per step, {batch / walls[batch]:.2f} frames/s")
     print(f"b{opts.batch}/b1 frames/s: {opts.batch * walls[1] / walls[opts.batch]:.2f}")
-    run = step_runner(model, opts.batch, opts.prompt, opts.steps)
+    run = decode_step_runner(model, opts.batch, opts.steps, opts.prompt)
     run()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         run()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .kernels.cache import load_json, machine_cache_file, store_json
@@ -60,6 +61,18 @@ class StepProbe:
         """The cache key: stage, step, rows and the thread count it was timed on."""
         rows = "/".join(map(str, self.buckets))
         return f"{self.stage}: {self.what}; rows {rows}; {torch.get_num_threads()} threads"
+
+
+def speech_like_clip(sample_rate: int, seconds: float) -> np.ndarray:
+    """A deterministic speech-like mono float32 clip in [-1, 1] for a probe's step: gliding
+    harmonics under an envelope, plus noise (a step's time depends on the clip's length, not on
+    what it holds)."""
+    rng = np.random.default_rng(0)
+    t = np.arange(int(sample_rate * seconds)) / sample_rate
+    phase = 2 * np.pi * np.cumsum(140.0 + 40.0 * np.sin(2 * np.pi * 0.7 * t)) / sample_rate
+    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
+    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.3 * t) ** 2
+    return (0.2 * envelope * voiced + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
 
 
 def probe_cache_path() -> Path:
@@ -125,4 +138,12 @@ def measured_cpu_dtype(probe: StepProbe) -> str:
     return pick
 
 
-__all__ = ["CANDIDATES", "DECISIVE", "ROUNDS", "StepProbe", "measured_cpu_dtype", "probe_cache_path"]
+__all__ = [
+    "CANDIDATES",
+    "DECISIVE",
+    "ROUNDS",
+    "StepProbe",
+    "measured_cpu_dtype",
+    "probe_cache_path",
+    "speech_like_clip",
+]

@@ -16,10 +16,9 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import numpy as np
 import torch
 
-from tts_common.auto_dtype import StepProbe
+from tts_common.auto_dtype import StepProbe, speech_like_clip
 
 from .aligner import ForcedAligner
 from .config import ForcedAlignerConfig
@@ -30,17 +29,6 @@ CLIP_SECONDS = 4.0
 """Length of each row's audio: a short utterance, as a streamed sentence is."""
 WORDS = "the quick brown fox jumps over the lazy dog".split()
 """Each row's text (nine words, so eighteen ``<timestamp>`` positions)."""
-
-
-def utterance_clip(seconds: float = CLIP_SECONDS, sample_rate: int = SAMPLE_RATE) -> np.ndarray:
-    """A deterministic speech-like mono float32 clip in [-1, 1]: gliding harmonics under an
-    envelope, plus noise (the pass's time depends on its length, not on what it holds)."""
-    rng = np.random.default_rng(0)
-    t = np.arange(int(sample_rate * seconds)) / sample_rate
-    phase = 2 * np.pi * np.cumsum(140.0 + 40.0 * np.sin(2 * np.pi * 0.7 * t)) / sample_rate
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.3 * t) ** 2
-    return (0.2 * envelope * voiced + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
 
 
 def aligner_step_probe(
@@ -55,7 +43,9 @@ def aligner_step_probe(
     before its first timing."""
     aligners: dict[str, ForcedAligner] = {}
     warm: set[tuple[str, int]] = set()
-    item = AlignInput(audio=utterance_clip(seconds), sample_rate=SAMPLE_RATE, words=list(words))
+    item = AlignInput(
+        audio=speech_like_clip(SAMPLE_RATE, seconds), sample_rate=SAMPLE_RATE, words=list(words)
+    )
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in aligners:
@@ -85,4 +75,4 @@ def checkpoint_aligner_probe(model_dir: str | Path) -> StepProbe:
     return aligner_step_probe(lambda dtype: load_aligner(model_dir, device="cpu", dtype=dtype), what)
 
 
-__all__ = ["CLIP_SECONDS", "WORDS", "aligner_step_probe", "checkpoint_aligner_probe", "utterance_clip"]
+__all__ = ["CLIP_SECONDS", "WORDS", "aligner_step_probe", "checkpoint_aligner_probe"]

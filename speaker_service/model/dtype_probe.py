@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tts_common.auto_dtype import StepProbe
+from tts_common.auto_dtype import StepProbe, speech_like_clip
 
 from .frontend import VoiceCloneFrontEnd
 
@@ -29,17 +29,6 @@ CLIP_SECONDS = 5.0
 BUCKETS = (1,)
 """Rows timed: the server computes one reference at a time (a single compute thread, no
 batching), so more rows would only be that step again."""
-
-
-def reference_clip(sample_rate: int, seconds: float = CLIP_SECONDS) -> np.ndarray:
-    """A deterministic speech-like mono float32 clip: gliding harmonics under an envelope, plus
-    noise (the time of a step does not depend on what the clip holds, only on its length)."""
-    rng = np.random.default_rng(0)
-    t = np.arange(int(sample_rate * seconds)) / sample_rate
-    phase = 2 * np.pi * np.cumsum(140.0 + 40.0 * np.sin(2 * np.pi * 0.7 * t)) / sample_rate
-    voiced = sum(np.sin(k * phase) / k for k in range(1, 8))
-    envelope = 0.5 + 0.5 * np.sin(2 * np.pi * 2.3 * t) ** 2
-    return (0.2 * envelope * voiced + 0.02 * rng.standard_normal(t.size)).astype(np.float32)
 
 
 def speaker_step_probe(
@@ -61,9 +50,9 @@ def speaker_step_probe(
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in frontends:
             frontend = frontends[dtype] = load(getattr(torch, dtype))
-            request(frontend, reference_clip(frontend.sample_rate, seconds))
+            request(frontend, speech_like_clip(frontend.sample_rate, seconds))
         frontend = frontends[dtype]
-        audio = reference_clip(frontend.sample_rate, seconds)
+        audio = speech_like_clip(frontend.sample_rate, seconds)
         t0 = time.perf_counter()
         for _ in range(rows):
             request(frontend, audio)
@@ -101,4 +90,4 @@ def checkpoint_speaker_probe(model_dir: str | Path) -> StepProbe:
     return speaker_step_probe(lambda dtype: VoiceCloneFrontEnd.from_checkpoint(model_dir, "cpu", dtype), what)
 
 
-__all__ = ["BUCKETS", "CLIP_SECONDS", "checkpoint_speaker_probe", "reference_clip", "speaker_step_probe"]
+__all__ = ["BUCKETS", "CLIP_SECONDS", "checkpoint_speaker_probe", "speaker_step_probe"]

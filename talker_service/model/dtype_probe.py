@@ -1,53 +1,108 @@
-"""The talker's step for ``--dtype auto`` on CPU (:mod:`tts_common.auto_dtype`): the linears of
-one decode frame of the checkpoint's own dimensions (the talker's layers and codec head once, the
-code predictor's layers and heads once per codebook after the first), each dtype with the kernels
-``--linear auto`` keeps for it (:mod:`tts_common.kernels.choice`).
+"""The talker's step for ``--dtype auto`` on CPU (:mod:`tts_common.auto_dtype`): one whole
+decode step (code predictor, talker, greedy choice) of every row of a batch, through the
+checkpoint's own talker loaded in each dtype with the kernels the engine would run
+(``--linear auto`` and ``--quantization``: the fused layer stacks included).
 
-On CPU the linears are the talker's step: one frame streams every weight, and the attention over
-a short context, the norms and the sampling are a few percent of it (``bench/cpu_serving.py``
-profiles a frame). They are timed on random weights of the checkpoint's shapes, many copies per
-shape so none stays in a cache, as the kernel choice times them; the kernel table measured here is
-the one the engine then loads from the cache.
+The whole step, not its linears alone: on a 2-core AVX2-only AMD EPYC (Zen 3), 0.6B, the
+linears timed one shape at a time made bfloat16 slower than float32 at eight rows (418 against
+401 ms), while the engine's step, whose fused stacks also read a bf16 KV cache, runs 8 rows in
+325 ms in bfloat16 against 425 in float32 (``bench/talker_ab.py``). Both dtypes' talkers are
+held while they take turns being timed (about one and a half times the float32 weights, at the
+first start only).
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
 
 from tts_common.auto_dtype import StepProbe
-from tts_common.config import TalkerConfig, load_checkpoint_config
-from tts_common.kernels.candidates import family_kernels
-from tts_common.kernels.choice import KernelTable, frame_linear_calls, measure_kernels
+from tts_common.config import load_checkpoint_config
+from tts_common.kernels.choice import frame_linear_calls, set_up_linears
+from tts_common.synthesis import SamplingParams
+
+from .loader import TalkerModel
+from .sampling import SamplingTensors
+from .step import DecodeState, decode_step, prefill
+
+PROMPT_POSITIONS = 32
+"""Cached positions of each row before the timed steps (a short prompt)."""
+ROOM = 256
+"""Decode steps a runner may take before it fills its cache and prefills again."""
+
+
+def decode_step_runner(
+    model: TalkerModel, rows: int, steps: int = 1, prompt: int = PROMPT_POSITIONS
+) -> Callable[[], None]:
+    """A closure running ``steps`` greedy decode steps over ``rows`` rows, each prefilled with
+    ``prompt`` random embeddings (prefilled again once its cache is full)."""
+    hidden = model.config.model.talker.hidden_size
+    gen = torch.Generator().manual_seed(0)
+    cache = model.allocate_cache(rows, prompt + ROOM + 1)
+    params = SamplingTensors.stack([SamplingParams.greedy()], model.device)
+    trailing = torch.zeros(rows, hidden, dtype=model.dtype)
+    state: DecodeState | None = None
+
+    def start() -> DecodeState:
+        with torch.inference_mode():
+            prompts = [torch.randn(prompt, hidden, generator=gen) * 0.02 for _ in range(rows)]
+            states = [
+                prefill(model.talker, cache, slot, p.to(model.dtype), params)
+                for slot, p in enumerate(prompts)
+            ]
+        joined = DecodeState.cat(states)
+        joined.slots = None  # rows are slots 0..rows-1
+        return joined
+
+    def run() -> None:
+        nonlocal state
+        if state is None or int(state.positions.max()) + steps >= prompt + ROOM:
+            state = start()
+        for _ in range(steps):
+            decode_step(model.talker, cache, state, trailing, int(state.positions.max()) + 1)
+
+    return run
 
 
 def talker_step_probe(
-    talker: TalkerConfig, quantization: str = "none", buckets: tuple[int, ...] = (1, 8)
+    load: Callable[[torch.dtype], TalkerModel],
+    what: str,
+    quantization: str = "none",
+    buckets: tuple[int, ...] = (1, 8),
 ) -> StepProbe:
-    """The linears of one decode frame of ``talker``, timed per dtype at ``buckets`` rows; with
-    ``quantization`` int8 the int8 kernels that take activations in that dtype (``--dtype``
-    then sets the activations only)."""
-    calls = frame_linear_calls(talker)
-    tables: dict[str, KernelTable] = {}
+    """One decode step at each of ``buckets`` rows; ``load(dtype)`` gives the talker in a dtype
+    (called once per dtype), whose linears are then chosen as the engine chooses them for
+    ``buckets`` with ``quantization``. Each (dtype, rows) runs once untimed first."""
+    runners: dict[str, dict[int, Callable[[], None]]] = {}
 
     def step_seconds(dtype: str, rows: int) -> float:
-        if dtype not in tables:  # every bucket measured at once, then from the table
-            family = "int8" if quantization == "int8" else dtype
-            kernels = family_kernels(family, getattr(torch, dtype))
-            tables[dtype] = measure_kernels(calls, family, buckets, kernels=kernels)
-        return tables[dtype].step_seconds(calls, rows)
+        if dtype not in runners:
+            model = load(getattr(torch, dtype))
+            set_up_linears(model.talker, "cpu", model.dtype, "auto", quantization, buckets)
+            runners[dtype] = {b: decode_step_runner(model, b) for b in buckets}
+            for run in runners[dtype].values():
+                run()  # first touch of the weights and the cache, lazy set-up
+        run = runners[dtype][rows]
+        t0 = time.perf_counter()
+        run()
+        return time.perf_counter() - t0
 
-    streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
-    shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
-    weights = "int8 weights, " if quantization == "int8" else ""
-    what = f"linears of a decode frame ({weights}{streamed / 1e6:.1f}M weights streamed: {shapes})"
     return StepProbe("talker", what, step_seconds, buckets)
 
 
 def checkpoint_talker_probe(model_dir: str | Path, quantization: str = "none") -> StepProbe:
-    """:func:`talker_step_probe` of the talker of the checkpoint at ``model_dir``."""
-    return talker_step_probe(load_checkpoint_config(model_dir).model.talker, quantization)
+    """:func:`talker_step_probe` of the checkpoint's talker (its weights, on CPU)."""
+    calls = frame_linear_calls(load_checkpoint_config(model_dir).model.talker)
+    streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
+    shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
+    weights = "int8 weights, " if quantization == "int8" else ""
+    what = f"a decode step ({weights}{streamed / 1e6:.1f}M weights streamed per frame: {shapes})"
+    return talker_step_probe(
+        lambda dtype: TalkerModel.from_checkpoint(model_dir, "cpu", dtype), what, quantization
+    )
 
 
-__all__ = ["checkpoint_talker_probe", "talker_step_probe"]
+__all__ = ["PROMPT_POSITIONS", "ROOM", "checkpoint_talker_probe", "decode_step_runner", "talker_step_probe"]

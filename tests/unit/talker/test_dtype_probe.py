@@ -1,77 +1,68 @@
-"""The talker's step for --dtype auto on CPU: the linears of one decode frame of the checkpoint's
-own dimensions, each dtype with the kernels --linear auto keeps for it."""
+"""The talker's step for --dtype auto on CPU: a whole decode step of the checkpoint's own talker
+in each dtype, with the kernels the engine would choose (the fused stacks included)."""
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
 import torch
 
-from talker_service.model.dtype_probe import checkpoint_talker_probe, talker_step_probe
+from talker_service.model import dtype_probe
+from talker_service.model.loader import TalkerModel
 from tests.helpers.fixtures import CKPT_DIR
-from tts_common.auto_dtype import CANDIDATES
-from tts_common.config import load_checkpoint_config
-from tts_common.kernels import choice
+from tts_common.auto_dtype import CANDIDATES, measured_cpu_dtype, probe_cache_path
 from tts_common.kernels.cache import CACHE_ENV
-from tts_common.kernels.candidates import family_kernels
+
+CKPT = CKPT_DIR / "tiny_custom_voice"
 
 
-def test_the_probe_times_a_frame_of_the_checkpoint_with_each_dtype_kernel_table(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("quantization", ["none", "int8"])
+def test_the_probe_times_decode_steps_of_the_checkpoint_with_the_engine_kernels(
+    quantization: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    measured: list[tuple[str, tuple[int, ...]]] = []
-    tables: dict[str, choice.KernelTable] = {}
-    measure = choice.measure_kernels
+    loads: list[torch.dtype] = []
+    set_up: list[tuple[torch.dtype, str, str, tuple[int, ...]]] = []
+    steps: list[tuple[torch.dtype, int]] = []
+    load, choose, step = TalkerModel.from_checkpoint, dtype_probe.set_up_linears, dtype_probe.decode_step
 
-    def counted(
-        shapes: object, family: str, buckets: tuple[int, ...], kernels: tuple[str, ...]
-    ) -> choice.KernelTable:
-        measured.append((family, tuple(buckets)))
-        tables[family] = measure(shapes, family, buckets, kernels=kernels)  # type: ignore[arg-type]
-        return tables[family]
+    def counted_load(path: object, device: object, dtype: torch.dtype) -> TalkerModel:
+        loads.append(dtype)
+        return load(path, device, dtype)  # type: ignore[arg-type]
 
-    monkeypatch.setattr("talker_service.model.dtype_probe.measure_kernels", counted)
-    small = checkpoint_talker_probe(CKPT_DIR / "tiny_custom_voice")
-    talker = load_checkpoint_config(CKPT_DIR / "tiny_custom_voice").model.talker
-    deeper = talker_step_probe(dataclasses.replace(talker, num_hidden_layers=talker.num_hidden_layers + 1))
-    assert small.stage == "talker" and small.buckets == (1, 8)
-    assert talker_step_probe(talker).what == small.what
-    assert deeper.what != small.what  # the checkpoint's dimensions are in the cache key
-    calls = choice.frame_linear_calls(talker)
-    for rows in small.buckets:
+    def recorded_choice(module, device, dtype, linear, quant, buckets):  # type: ignore[no-untyped-def]
+        set_up.append((dtype, linear, quant, tuple(buckets)))
+        return choose(module, device, dtype, linear, quant, buckets)
+
+    def counted_step(talker, cache, state, trailing, *args, **kwargs):  # type: ignore[no-untyped-def]
+        steps.append((trailing.dtype, int(state.positions.shape[0])))  # the model's dtype, its rows
+        return step(talker, cache, state, trailing, *args, **kwargs)
+
+    monkeypatch.setattr(TalkerModel, "from_checkpoint", counted_load)
+    monkeypatch.setattr(dtype_probe, "set_up_linears", recorded_choice)
+    monkeypatch.setattr(dtype_probe, "decode_step", counted_step)
+    probe = dtype_probe.checkpoint_talker_probe(CKPT, quantization)
+    assert probe.stage == "talker" and probe.buckets == (1, 8)
+    assert ("int8 weights" in probe.what) == (quantization == "int8")
+    for rows in probe.buckets:
         for dtype in CANDIDATES:
-            seconds = small.step_seconds(dtype, rows)
+            seconds = probe.step_seconds(dtype, rows)
             assert math.isfinite(seconds) and seconds > 0
-            assert seconds == pytest.approx(tables[dtype].step_seconds(calls, rows))
-    assert measured == [("float32", (1, 8)), ("bfloat16", (1, 8))]  # each family once, every bucket
-
-
-def test_with_int8_weights_the_probe_times_the_int8_kernels_of_each_activation_dtype(
-    tmp_path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    measured: list[tuple[str, tuple[str, ...]]] = []
-
-    def recorded(
-        shapes: object, family: str, buckets: tuple[int, ...], kernels: tuple[str, ...]
-    ) -> choice.KernelTable:
-        measured.append((family, kernels))
-        table = choice.KernelTable(
-            family, tuple(buckets), {s: {"k": dict.fromkeys(buckets, 1e-3)} for s in shapes}
-        )  # type: ignore[attr-defined]
-        table.choose()
-        return table
-
-    monkeypatch.setattr("talker_service.model.dtype_probe.measure_kernels", recorded)
-    probe = checkpoint_talker_probe(CKPT_DIR / "tiny_custom_voice", "int8")
-    assert "int8 weights" in probe.what
-    assert probe.what != checkpoint_talker_probe(CKPT_DIR / "tiny_custom_voice").what
-    for dtype in CANDIDATES:
-        probe.step_seconds(dtype, 1)
-    assert measured == [
-        ("int8", family_kernels("int8", torch.float32)),
-        ("int8", family_kernels("int8", torch.bfloat16)),
+    assert loads == [torch.float32, torch.bfloat16]  # once per dtype, kept for every row count
+    assert set_up == [(d, "auto", quantization, (1, 8)) for d in loads]  # as the engine chooses
+    # A warm-up step of every row count at load, then the timed one, each over all its rows.
+    warm = {d: [(d, 1), (d, 8)] for d in loads}
+    assert steps == [*warm[torch.float32], (torch.float32, 1), *warm[torch.bfloat16], (torch.bfloat16, 1)] + [
+        (torch.float32, 8),
+        (torch.bfloat16, 8),
     ]
+    assert measured_cpu_dtype(probe) in CANDIDATES and probe.key in probe_cache_path().read_text()
+
+
+def test_the_step_runner_prefills_again_when_its_cache_is_full(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(dtype_probe, "ROOM", 3)
+    model = TalkerModel.from_checkpoint(CKPT)
+    run = dtype_probe.decode_step_runner(model, rows=2, steps=2, prompt=4)
+    for _ in range(5):  # 10 steps through a cache of 4 + 3 + 1 positions
+        run()
