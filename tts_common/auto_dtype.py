@@ -105,8 +105,8 @@ def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
         for _ in range(ROUNDS):
             for d in CANDIDATES:
                 times[d][b] = min(times[d].get(b, float("inf")), probe.step_seconds(d, b))
-            ratio = times["bfloat16"][b] / times["float32"][b]
-            if not 1 / DECISIVE <= ratio <= DECISIVE:  # more rounds cannot turn it round
+            fp32, bf16 = times["float32"][b], times["bfloat16"][b]
+            if not fp32 / DECISIVE <= bf16 <= fp32 * DECISIVE:  # more rounds cannot turn it round
                 break
         if not _bf16_faster(times, (b,)):
             break

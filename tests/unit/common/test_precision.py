@@ -63,7 +63,7 @@ def test_auto_on_cpu_is_bf16_only_where_the_stage_step_is_faster_at_every_row_co
     # Rows in ascending order, the dtypes taking turns ROUNDS times (once where one is DECISIVE
     # times faster); rows past the first where bfloat16 loses are not timed (float32 already).
     timed = [1] if bf16[1] >= fp32[1] else [1, 8]
-    rounds = {b: 1 if not 1 / DECISIVE <= bf16[b] / fp32[b] <= DECISIVE else ROUNDS for b in timed}
+    rounds = {b: ROUNDS if fp32[b] / DECISIVE <= bf16[b] <= fp32[b] * DECISIVE else 1 for b in timed}
     assert step.calls == [(d, b) for b in timed for _ in range(rounds[b]) for d in CANDIDATES]
 
 
