@@ -31,7 +31,7 @@ CANDIDATES = ("float32", "bfloat16")
 ROUNDS = 3
 """Times each (dtype, rows) step is timed at most; the best is kept."""
 DECISIVE = 2.0
-"""A ratio of the two dtypes' times past which a row count is decided after one round (no burst
+"""How many times slower than float32 a bfloat16 step must be to be timed only once (no burst
 of load doubles a step time; an emulated bf16 step can take seconds)."""
 
 
@@ -48,8 +48,9 @@ class StepProbe:
 
     step_seconds: Callable[[str, int], float]
     """Seconds of one step in a dtype (a name of :data:`CANDIDATES`) at a number of rows (streams
-    batched together). Called up to :data:`ROUNDS` times per pair, the pairs taking turns: set-up
-    (loading the model in a dtype) is the probe's to keep between calls."""
+    batched together). Called up to :data:`ROUNDS` times per pair, every float32 pair before any
+    bfloat16 one: set-up (loading the model in a dtype) is the probe's to keep between calls,
+    and only the last dtype's need be kept."""
 
     buckets: tuple[int, ...] = (1, 8)
     """The row counts timed; bfloat16 is kept only where it is faster at every one, so ``auto`` is
@@ -87,11 +88,12 @@ def _bf16_faster(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -
 def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
     """Seconds per step by dtype and rows, from the cache or measured and cached.
 
-    Rows from fewest to most, each timed :data:`ROUNDS` times (once where one dtype is
-    :data:`DECISIVE` times faster) with the dtypes taking turns, the best kept (a burst of load
-    from other processes slows both alike rather than one). Once bfloat16 is not faster at some
-    rows the choice is float32 and larger rows are not timed: an emulated bf16 step can take
-    seconds (the decoder's, on a CPU without bf16 arithmetic).
+    One dtype at a time, float32 first (so a probe need hold one dtype's model: a talker's
+    float32 and bfloat16 weights together would take one and a half times its float32 size), rows
+    from fewest to most, each timed :data:`ROUNDS` times, the best kept. bfloat16 stops at the
+    first rows where it is not faster: the choice is float32 then, and an emulated bf16 step can
+    take seconds (the decoder's, on a CPU without bf16 arithmetic), so a step :data:`DECISIVE`
+    times slower than float32's is not timed again.
     """
     path = probe_cache_path()
     cached = load_json(path).get(probe.key)
@@ -101,15 +103,14 @@ def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
         pass
     times: dict[str, dict[int, float]] = {d: {} for d in CANDIDATES}
     t0 = time.perf_counter()
-    for b in sorted(probe.buckets):
-        for _ in range(ROUNDS):
-            for d in CANDIDATES:
+    for d in CANDIDATES:
+        for b in sorted(probe.buckets):
+            for _ in range(ROUNDS):
                 times[d][b] = min(times[d].get(b, float("inf")), probe.step_seconds(d, b))
-            fp32, bf16 = times["float32"][b], times["bfloat16"][b]
-            if not fp32 / DECISIVE <= bf16 <= fp32 * DECISIVE:  # more rounds cannot turn it round
+                if d == "bfloat16" and times[d][b] > DECISIVE * times["float32"][b]:
+                    break
+            if d == "bfloat16" and not _bf16_faster(times, (b,)):
                 break
-        if not _bf16_faster(times, (b,)):
-            break
     logger.info("--dtype auto on CPU, %s: measured in %.1f s", probe.stage, time.perf_counter() - t0)
     data = load_json(path)  # re-read: another stage may have stored its own meanwhile
     data[probe.key] = {d: {str(b): t for b, t in by_rows.items()} for d, by_rows in times.items()}

@@ -49,6 +49,8 @@ def aligner_step_probe(
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in aligners:
+            aligners.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
+            warm.clear()
             aligners[dtype] = load(getattr(torch, dtype))
         aligner = aligners[dtype]
         batch = [item] * rows

@@ -38,6 +38,7 @@ def decoder_step_probe(
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in decoders:
+            decoders.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
             decoders[dtype] = load(getattr(torch, dtype))
         decoder = decoders[dtype]
         gen = torch.Generator().manual_seed(rows)

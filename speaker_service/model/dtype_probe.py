@@ -49,6 +49,7 @@ def speaker_step_probe(
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in frontends:
+            frontends.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
             frontend = frontends[dtype] = load(getattr(torch, dtype))
             request(frontend, speech_like_clip(frontend.sample_rate, seconds))
         frontend = frontends[dtype]

@@ -6,9 +6,8 @@ checkpoint's own talker loaded in each dtype with the kernels the engine would r
 The whole step, not its linears alone: on a 2-core AVX2-only AMD EPYC (Zen 3), 0.6B, the
 linears timed one shape at a time made bfloat16 slower than float32 at eight rows (418 against
 401 ms), while the engine's step, whose fused stacks also read a bf16 KV cache, runs 8 rows in
-325 ms in bfloat16 against 425 in float32 (``bench/talker_ab.py``). Both dtypes' talkers are
-held while they take turns being timed (about one and a half times the float32 weights, at the
-first start only).
+325 ms in bfloat16 against 425 in float32 (``bench/talker_ab.py``). The dtypes are timed one
+after the other, each talker loaded once and dropped before the next (at the first start only).
 """
 
 from __future__ import annotations
@@ -80,6 +79,7 @@ def talker_step_probe(
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in runners:
+            runners.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
             model = load(getattr(torch, dtype))
             set_up_linears(model.talker, "cpu", model.dtype, "auto", quantization, buckets)
             runners[dtype] = {b: decode_step_runner(model, b) for b in buckets}

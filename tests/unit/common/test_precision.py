@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 
 from tts_common import cpu_info
 from tts_common.auto_dtype import (
-    CANDIDATES,
     DECISIVE,
     ROUNDS,
     StepProbe,
@@ -60,11 +59,14 @@ def test_auto_on_cpu_is_bf16_only_where_the_stage_step_is_faster_at_every_row_co
     step = FakeStep({"float32": fp32, "bfloat16": bf16}, what=f"{fp32} {bf16}")  # fresh cache key
     got = resolve_dtype("auto", "cpu", step.probe)
     assert got == ("bfloat16" if all(bf16[b] < fp32[b] for b in BUCKETS) else "float32")
-    # Rows in ascending order, the dtypes taking turns ROUNDS times (once where one is DECISIVE
-    # times faster); rows past the first where bfloat16 loses are not timed (float32 already).
+    # float32 at every row count, then bfloat16 (one dtype at a time), rows ascending, ROUNDS
+    # times each; bfloat16 once where DECISIVE times slower, and not past the first rows where it
+    # is not faster (float32 already).
     timed = [1] if bf16[1] >= fp32[1] else [1, 8]
-    rounds = {b: ROUNDS if fp32[b] / DECISIVE <= bf16[b] <= fp32[b] * DECISIVE else 1 for b in timed}
-    assert step.calls == [(d, b) for b in timed for _ in range(rounds[b]) for d in CANDIDATES]
+    rounds = {b: 1 if bf16[b] > DECISIVE * fp32[b] else ROUNDS for b in timed}
+    expected = [("float32", b) for b in BUCKETS for _ in range(ROUNDS)]
+    expected += [("bfloat16", b) for b in timed for _ in range(rounds[b])]
+    assert step.calls == expected
 
 
 def test_the_choice_does_not_look_at_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:

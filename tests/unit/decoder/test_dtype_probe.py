@@ -40,15 +40,17 @@ def test_the_probe_times_a_chunk_of_every_session_loading_each_dtype_once(
     probe = dtype_probe.checkpoint_decoder_probe(CKPT)
     assert probe.stage == "decoder" and probe.buckets == (1, 8)
     assert f"{dtype_probe.STEP_FRAMES}-frame chunk" in probe.what
-    for rows in probe.buckets:
-        for dtype in CANDIDATES:
+    for dtype in CANDIDATES:  # one dtype at a time, as tts_common.auto_dtype times them
+        for rows in probe.buckets:
             seconds = probe.step_seconds(dtype, rows)
             assert math.isfinite(seconds) and seconds > 0
     assert loads == [torch.float32, torch.bfloat16]  # once per dtype, kept for every row count
     # Per timing: a first chunk (the sessions' left context), then the timed one, of every row.
     q = load_codec_decoder(CKPT).num_quantizers
     expected = [
-        (rows, (dtype_probe.STEP_FRAMES, q)) for rows in probe.buckets for _ in CANDIDATES for _ in "ab"
+        (rows, (dtype_probe.STEP_FRAMES, q)) for _ in CANDIDATES for rows in probe.buckets for _ in "ab"
     ]
     assert chunks == expected
+    probe.step_seconds("float32", 1)
+    assert loads == [torch.float32, torch.bfloat16, torch.float32]  # the bf16 decoder was dropped
     assert measured_cpu_dtype(probe) in CANDIDATES and probe.key in probe_cache_path().read_text()

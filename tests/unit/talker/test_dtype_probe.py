@@ -45,18 +45,14 @@ def test_the_probe_times_decode_steps_of_the_checkpoint_with_the_engine_kernels(
     probe = dtype_probe.checkpoint_talker_probe(CKPT, quantization)
     assert probe.stage == "talker" and probe.buckets == (1, 8)
     assert ("int8 weights" in probe.what) == (quantization == "int8")
-    for rows in probe.buckets:
-        for dtype in CANDIDATES:
+    for dtype in CANDIDATES:  # one dtype at a time, as tts_common.auto_dtype times them
+        for rows in probe.buckets:
             seconds = probe.step_seconds(dtype, rows)
             assert math.isfinite(seconds) and seconds > 0
     assert loads == [torch.float32, torch.bfloat16]  # once per dtype, kept for every row count
     assert set_up == [(d, "auto", quantization, (1, 8)) for d in loads]  # as the engine chooses
-    # A warm-up step of every row count at load, then the timed one, each over all its rows.
-    warm = {d: [(d, 1), (d, 8)] for d in loads}
-    assert steps == [*warm[torch.float32], (torch.float32, 1), *warm[torch.bfloat16], (torch.bfloat16, 1)] + [
-        (torch.float32, 8),
-        (torch.bfloat16, 8),
-    ]
+    # A warm-up step of every row count at load, then the timed ones, each over all its rows.
+    assert steps == [(d, rows) for d in loads for _ in ("warm", "timed") for rows in (1, 8)]
     assert measured_cpu_dtype(probe) in CANDIDATES and probe.key in probe_cache_path().read_text()
 
 
