@@ -76,7 +76,8 @@ from qwen3_tts.local_stack import (
     wait_until_serving,
 )
 from qwen3_tts.offline import OfflineRequest, OfflineSynthesizer
-from talker_service.model.dtype_probe import checkpoint_talker_probe
+from talker_service.engine import EngineConfig
+from talker_service.engine.dtype_probe import checkpoint_talker_probe
 from tts_common.config import load_checkpoint_config
 from tts_common.cpu_info import cpu_flags, cpu_model
 from tts_common.kernels.choice import set_up_linears
@@ -218,9 +219,8 @@ class RunDtypes:
 
     @classmethod
     def resolve(cls, requested: str, model: Path, quantization: str) -> RunDtypes:
-        talker = resolve_dtype(
-            requested, "cpu", functools.partial(checkpoint_talker_probe, model, quantization)
-        )
+        engine = EngineConfig(quantization=quantization)
+        talker = resolve_dtype(requested, "cpu", functools.partial(checkpoint_talker_probe, model, engine))
         decoder = resolve_dtype(requested, "cpu", functools.partial(checkpoint_decoder_probe, model))
         return cls(requested, talker, decoder)
 

@@ -29,7 +29,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from talker_bench import frame_weight_bytes, read_bandwidth_gbs
 
-from talker_service.model.dtype_probe import checkpoint_talker_probe, decode_step_runner
+from talker_service.engine.dtype_probe import checkpoint_talker_probe, decode_step_runner
 from talker_service.model.loader import TalkerModel
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears

@@ -30,7 +30,7 @@ from pathlib import Path
 import torch
 
 from talker_service.engine import DoneEvent, EngineConfig, FrameEvent, TalkerEngine
-from talker_service.model.dtype_probe import talker_step_probe
+from talker_service.engine.dtype_probe import talker_step_probe
 from talker_service.model.loader import TalkerModel
 from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
@@ -222,8 +222,8 @@ def main() -> None:
         "cpu",
         lambda: talker_step_probe(
             functools.partial(build_model, args.size),
-            f"a decode step of a random {args.size} talker",
-            args.quantization,
+            f"a decode step of a random {args.size} talker (--linear {args.linear} --quantization {args.quantization})",
+            EngineConfig(linear=args.linear, quantization=args.quantization),
         ),
     )
     dtype = getattr(torch, dtype_name)

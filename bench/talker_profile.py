@@ -16,7 +16,7 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from talker_service.model.dtype_probe import decode_step_runner
+from talker_service.engine.dtype_probe import decode_step_runner
 from talker_service.model.loader import TalkerModel
 from tts_common.cpu_info import cpu_model
 from tts_common.kernels.choice import set_up_linears

@@ -135,7 +135,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if args.segment_tokens < 0:
         raise ValueError(f"--segment-tokens must be >= 0, got {args.segment_tokens}")
     from decoder_service.model.dtype_probe import checkpoint_decoder_probe
-    from talker_service.model.dtype_probe import checkpoint_talker_probe
+    from talker_service.engine.dtype_probe import checkpoint_talker_probe
 
     synth = OfflineSynthesizer(
         args.model,

@@ -387,7 +387,7 @@ def run_doctor(options: DoctorOptions) -> DoctorReport:
             report.environment["model"] = str(model_dir)
         # --dtype auto resolves per stage as the stages resolve it (measured on CPU).
         from decoder_service.model.dtype_probe import checkpoint_decoder_probe
-        from talker_service.model.dtype_probe import checkpoint_talker_probe
+        from talker_service.engine.dtype_probe import checkpoint_talker_probe
 
         name = options.dtype or ("bfloat16" if device.type == "cuda" else "float32")
         talker_dtype = resolve_dtype(name, device, functools.partial(checkpoint_talker_probe, model_dir))

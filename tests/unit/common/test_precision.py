@@ -145,18 +145,20 @@ def test_stage_processes_resolve_auto_on_their_own_step_before_building_their_co
 def test_every_stage_process_resolves_auto_on_its_own_step(
     stage: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import argparse
     import importlib
 
     from tts_common.stage_main import StageModelConfig
 
     entry = importlib.import_module(f"{stage}_service.__main__")
-    name = f"checkpoint_{stage}_probe"
     seen: dict[str, object] = {}
     probed: list[tuple] = []
     monkeypatch.setattr(entry, "run_stage_process", lambda **kw: seen.update(kw))
-    monkeypatch.setattr(entry, name, lambda *a: probed.append(a) or "probe")
+    monkeypatch.setattr(entry, f"checkpoint_{stage}_probe", lambda *a: probed.append(a) or "probe")
     entry.main([])
-    args = argparse.Namespace(quantization="int8")
+    flags = ["--quantization", "int8", "--max-slots", "4"] if stage == "talker" else []
+    args = entry.FLAGS.parser().parse_args(["--model", "ckpt", *flags])
     assert seen["cpu_dtype_probe"](StageModelConfig(model="ckpt"), args) == "probe"  # type: ignore[operator]
-    assert probed == [("ckpt", "int8") if stage == "talker" else ("ckpt",)]  # the talker's quantization
+    assert [a[0] for a in probed] == ["ckpt"]
+    if stage == "talker":  # timed in the engine the flags set up
+        engine = probed[0][1]
+        assert (engine.quantization, engine.max_slots) == ("int8", 4)

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from talker_service.model import dtype_probe
+from talker_service.engine import EngineConfig, dtype_probe
 from talker_service.model.loader import TalkerModel
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.auto_dtype import CANDIDATES, measured_cpu_dtype, probe_cache_path
@@ -42,15 +42,17 @@ def test_the_probe_times_decode_steps_of_the_checkpoint_with_the_engine_kernels(
     monkeypatch.setattr(TalkerModel, "from_checkpoint", counted_load)
     monkeypatch.setattr(dtype_probe, "set_up_linears", recorded_choice)
     monkeypatch.setattr(dtype_probe, "decode_step", counted_step)
-    probe = dtype_probe.checkpoint_talker_probe(CKPT, quantization)
+    engine = EngineConfig(quantization=quantization)
+    probe = dtype_probe.checkpoint_talker_probe(CKPT, engine)
     assert probe.stage == "talker" and probe.buckets == (1, 8)
-    assert ("int8 weights" in probe.what) == (quantization == "int8")
+    assert f"--linear auto --quantization {quantization} for rows (1, 2, 4, 8, 16)" in probe.what
+    assert dtype_probe.checkpoint_talker_probe(CKPT, EngineConfig(max_slots=4)).buckets == (1, 4)
     for dtype in CANDIDATES:  # one dtype at a time, as tts_common.auto_dtype times them
         for rows in probe.buckets:
             seconds = probe.step_seconds(dtype, rows)
             assert math.isfinite(seconds) and seconds > 0
     assert loads == [torch.float32, torch.bfloat16]  # once per dtype, kept for every row count
-    assert set_up == [(d, "auto", quantization, (1, 8)) for d in loads]  # as the engine chooses
+    assert set_up == [(d, "auto", quantization, engine.graph_buckets) for d in loads]  # as the engine does
     # A warm-up step of every row count at load, then the timed ones, each over all its rows.
     assert steps == [(d, rows) for d in loads for _ in ("warm", "timed") for rows in (1, 8)]
     assert measured_cpu_dtype(probe) in CANDIDATES and probe.key in probe_cache_path().read_text()

@@ -23,9 +23,10 @@ from tts_common.config import load_checkpoint_config
 from tts_common.kernels.choice import frame_linear_calls, set_up_linears
 from tts_common.synthesis import SamplingParams
 
-from .loader import TalkerModel
-from .sampling import SamplingTensors
-from .step import DecodeState, decode_step, prefill
+from ..model.loader import TalkerModel
+from ..model.sampling import SamplingTensors
+from ..model.step import DecodeState, decode_step, prefill
+from .config import EngineConfig
 
 PROMPT_POSITIONS = 32
 """Cached positions of each row before the timed steps (a short prompt)."""
@@ -69,19 +70,23 @@ def decode_step_runner(
 def talker_step_probe(
     load: Callable[[torch.dtype], TalkerModel],
     what: str,
-    quantization: str = "none",
+    engine: EngineConfig,
     buckets: tuple[int, ...] = (1, 8),
 ) -> StepProbe:
     """One decode step at each of ``buckets`` rows; ``load(dtype)`` gives the talker in a dtype
-    (called once per dtype), whose linears are then chosen as the engine chooses them for
-    ``buckets`` with ``quantization``. Each (dtype, rows) runs once untimed first."""
+    (called once per dtype), whose linears are then set up as the ``engine`` sets them up (its
+    ``--linear``, ``--quantization`` and batch buckets: the kernel chosen for a shape depends on
+    the buckets it is chosen for, and the fused stacks on every layer getting our GEMV). Each
+    (dtype, rows) runs once untimed first."""
     runners: dict[str, dict[int, Callable[[], None]]] = {}
 
     def step_seconds(dtype: str, rows: int) -> float:
         if dtype not in runners:
             runners.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
             model = load(getattr(torch, dtype))
-            set_up_linears(model.talker, "cpu", model.dtype, "auto", quantization, buckets)
+            set_up_linears(
+                model.talker, "cpu", model.dtype, engine.linear, engine.quantization, engine.graph_buckets
+            )
             runners[dtype] = {b: decode_step_runner(model, b) for b in buckets}
             for run in runners[dtype].values():
                 run()  # first touch of the weights and the cache, lazy set-up
@@ -93,15 +98,19 @@ def talker_step_probe(
     return StepProbe("talker", what, step_seconds, buckets)
 
 
-def checkpoint_talker_probe(model_dir: str | Path, quantization: str = "none") -> StepProbe:
-    """:func:`talker_step_probe` of the checkpoint's talker (its weights, on CPU)."""
+def checkpoint_talker_probe(model_dir: str | Path, engine: EngineConfig | None = None) -> StepProbe:
+    """:func:`talker_step_probe` of the checkpoint's talker (its weights, on CPU) in an engine
+    of ``engine``'s settings (default: the talker stage's defaults), at 1 row and at 8 (or its
+    slots, if fewer)."""
+    engine = engine or EngineConfig()
     calls = frame_linear_calls(load_checkpoint_config(model_dir).model.talker)
     streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
     shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
-    weights = "int8 weights, " if quantization == "int8" else ""
-    what = f"a decode step ({weights}{streamed / 1e6:.1f}M weights streamed per frame: {shapes})"
+    kernels = f"--linear {engine.linear} --quantization {engine.quantization} for rows {engine.graph_buckets}"
+    what = f"a decode step ({kernels}; {streamed / 1e6:.1f}M weights streamed per frame: {shapes})"
+    buckets = tuple(sorted({1, min(8, engine.max_slots)}))
     return talker_step_probe(
-        lambda dtype: TalkerModel.from_checkpoint(model_dir, "cpu", dtype), what, quantization
+        lambda dtype: TalkerModel.from_checkpoint(model_dir, "cpu", dtype), what, engine, buckets
     )
 
 
