@@ -3,8 +3,6 @@ Base checkpoint: one reference through the front end, loaded once per dtype."""
 
 from __future__ import annotations
 
-import json
-import math
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -12,7 +10,11 @@ import pytest
 
 from speaker_service.model import VoiceCloneFrontEnd
 from speaker_service.model.dtype_probe import CLIP_SECONDS, checkpoint_speaker_probe
-from tts_common.auto_dtype import CANDIDATES, StepProbe, measured_cpu_dtype, probe_cache_path
+from tests.helpers.dtype_probes import (
+    assert_measured_once_then_cached,
+    assert_times_each_dtype_loading_it_once,
+)
+from tts_common.auto_dtype import StepProbe, measured_cpu_dtype
 from tts_common.kernels.cache import CACHE_ENV
 
 CKPT = Path(__file__).resolve().parents[2] / "fixtures" / "ckpt"
@@ -45,33 +47,14 @@ def test_probe_is_one_reference_at_one_row(probe_and_loads: tuple[StepProbe, lis
 
 
 def test_steps_time_each_dtype_and_load_each_once(probe_and_loads: tuple[StepProbe, list[str]]) -> None:
-    probe, loads = probe_and_loads
-    for dtype in CANDIDATES:  # one dtype at a time, as tts_common.auto_dtype times them
-        for _ in range(2):
-            for rows in probe.buckets:
-                seconds = probe.step_seconds(dtype, rows)
-                assert isinstance(seconds, float) and math.isfinite(seconds) and seconds > 0
-    assert loads == list(CANDIDATES)  # each once, kept for every call of its dtype
-    probe.step_seconds(CANDIDATES[0], probe.buckets[0])
-    assert loads == [*CANDIDATES, CANDIDATES[0]]  # the other dtype's model was dropped
+    assert_times_each_dtype_loading_it_once(*probe_and_loads)
 
 
 def test_measured_dtype_is_cached(
     probe_and_loads: tuple[StepProbe, list[str]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    probe, loads = probe_and_loads
     monkeypatch.setenv(CACHE_ENV, str(tmp_path))
-    assert measured_cpu_dtype(probe) in CANDIDATES
-    path = probe_cache_path()
-    assert path.parent == tmp_path
-    times = json.loads(path.read_text())[probe.key]
-    assert set(times) == set(CANDIDATES) and all(t > 0 for t in times["float32"].values())
-
-    def no_step(dtype: str, rows: int) -> float:
-        raise AssertionError("a cached probe is not timed again")
-
-    again = StepProbe(probe.stage, probe.what, no_step, probe.buckets)
-    assert measured_cpu_dtype(again) in CANDIDATES
+    assert_measured_once_then_cached(probe_and_loads[0], tmp_path)
 
 
 def test_checkpoint_without_speaker_encoder_keeps_float32(
