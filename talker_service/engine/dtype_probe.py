@@ -1,7 +1,7 @@
 """The talker's step for ``--dtype auto`` on CPU (:mod:`tts_common.auto_dtype`): one whole
-decode step (code predictor, talker, greedy choice) of every row of a batch, through the
-checkpoint's own talker loaded in each dtype with the kernels the engine would run
-(``--linear auto`` and ``--quantization``: the fused layer stacks included).
+decode step (code predictor, talker, sampling with a default request's settings) of every row
+of a batch, through the checkpoint's own talker loaded in each dtype with the kernels the engine
+would run (``--linear`` and ``--quantization``: the fused layer stacks included).
 
 The whole step, not its linears alone: on a 2-core AVX2-only AMD EPYC (Zen 3), 0.6B, the
 linears timed one shape at a time made bfloat16 slower than float32 at eight rows (418 against
@@ -26,7 +26,7 @@ from tts_common.kernels.choice import frame_linear_calls, set_up_linears
 from tts_common.synthesis import SamplingParams
 
 from ..model.loader import TalkerModel
-from ..model.sampling import SamplingTensors
+from ..model.sampling import SamplingTensors, gumbel_from_uniform_, split_step_noise, step_noise_width
 from ..model.step import DecodeState, decode_step, prefill
 from .config import EngineConfig
 
@@ -37,22 +37,54 @@ ROOM = 256
 
 
 def decode_step_runner(
-    model: TalkerModel, rows: int, steps: int = 1, prompt: int = PROMPT_POSITIONS
+    model: TalkerModel,
+    rows: int,
+    steps: int = 1,
+    prompt: int = PROMPT_POSITIONS,
+    sampling: SamplingParams | None = None,
 ) -> Callable[[], None]:
-    """A closure running ``steps`` greedy decode steps over ``rows`` rows, each prefilled with
-    ``prompt`` random embeddings (prefilled again once its cache is full)."""
-    hidden = model.config.model.talker.hidden_size
+    """A closure running ``steps`` decode steps over ``rows`` rows, each prefilled with
+    ``prompt`` random embeddings (prefilled again once its cache is full), choosing as
+    ``sampling`` says (default greedy; a sampling one draws each step's Gumbel noise, as the
+    engine does)."""
+    cfg = model.config.model.talker
+    hidden, cp_steps, cp_vocab = (
+        cfg.hidden_size,
+        cfg.code_predictor.num_code_groups - 1,
+        cfg.code_predictor.vocab_size,
+    )
     gen = torch.Generator().manual_seed(0)
     cache = model.allocate_cache(rows, prompt + ROOM + 1)
-    params = SamplingTensors.stack([SamplingParams.greedy()], model.device)
+    sampling = sampling or SamplingParams.greedy()
+    params = SamplingTensors.stack([sampling], model.device)
     trailing = torch.zeros(rows, hidden, dtype=model.dtype)
+    width = step_noise_width(cfg.vocab_size, cp_vocab, cp_steps)
     state: DecodeState | None = None
+
+    def noise() -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A step's Gumbel noise of each stage that samples, for every row."""
+        if not (sampling.do_sample or sampling.subtalker_do_sample):
+            return None, None
+        talker, code_predictor = split_step_noise(
+            gumbel_from_uniform_(torch.empty(rows, width).uniform_(generator=gen)), cp_steps, cp_vocab
+        )
+        return (talker if sampling.do_sample else None), (
+            code_predictor if sampling.subtalker_do_sample else None
+        )
 
     def start() -> DecodeState:
         with torch.inference_mode():
             prompts = [torch.randn(prompt, hidden, generator=gen) * 0.02 for _ in range(rows)]
+            first = noise()[0]
             states = [
-                prefill(model.talker, cache, slot, p.to(model.dtype), params)
+                prefill(
+                    model.talker,
+                    cache,
+                    slot,
+                    p.to(model.dtype),
+                    params,
+                    None if first is None else first[slot],
+                )
                 for slot, p in enumerate(prompts)
             ]
         joined = DecodeState.cat(states)
@@ -64,7 +96,10 @@ def decode_step_runner(
         if state is None or int(state.positions.max()) + steps >= prompt + ROOM:
             state = start()
         for _ in range(steps):
-            decode_step(model.talker, cache, state, trailing, int(state.positions.max()) + 1)
+            talker_noise, cp_noise = noise()
+            decode_step(
+                model.talker, cache, state, trailing, int(state.positions.max()) + 1, talker_noise, cp_noise
+            )
 
     return run
 
@@ -89,7 +124,7 @@ def talker_step_probe(
             set_up_linears(
                 model.talker, "cpu", model.dtype, engine.linear, engine.quantization, engine.graph_buckets
             )
-            runners[dtype] = {b: decode_step_runner(model, b) for b in buckets}
+            runners[dtype] = {b: decode_step_runner(model, b, sampling=SamplingParams()) for b in buckets}
             for run in runners[dtype].values():
                 run()  # first touch of the weights and the cache, lazy set-up
         run = runners[dtype][rows]

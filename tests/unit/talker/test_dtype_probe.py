@@ -36,23 +36,25 @@ def test_the_probe_times_decode_steps_of_the_checkpoint_with_the_engine_kernels(
         return choose(module, device, dtype, linear, quant, buckets)
 
     def counted_step(talker, cache, state, trailing, *args, **kwargs):  # type: ignore[no-untyped-def]
+        attend_len, talker_noise, cp_noise = args
+        assert talker_noise is not None and cp_noise is not None  # a default request samples
         steps.append((trailing.dtype, int(state.positions.shape[0])))  # the model's dtype, its rows
         return step(talker, cache, state, trailing, *args, **kwargs)
 
     monkeypatch.setattr(TalkerModel, "from_checkpoint", counted_load)
     monkeypatch.setattr(dtype_probe, "set_up_linears", recorded_choice)
     monkeypatch.setattr(dtype_probe, "decode_step", counted_step)
-    engine = EngineConfig(quantization=quantization)
+    engine = EngineConfig(linear="gemv", quantization=quantization)  # forced: nothing to measure
     probe = dtype_probe.checkpoint_talker_probe(CKPT, engine)
     assert probe.stage == "talker" and probe.buckets == (1, 8)
-    assert f"--linear auto --quantization {quantization} for rows (1, 2, 4, 8, 16)" in probe.what
+    assert f"--linear gemv --quantization {quantization} for rows (1, 2, 4, 8, 16)" in probe.what
     assert dtype_probe.checkpoint_talker_probe(CKPT, EngineConfig(max_slots=4)).buckets == (1, 4)
     for dtype in CANDIDATES:  # one dtype at a time, as tts_common.auto_dtype times them
         for rows in probe.buckets:
             seconds = probe.step_seconds(dtype, rows)
             assert math.isfinite(seconds) and seconds > 0
     assert loads == [torch.float32, torch.bfloat16]  # once per dtype, kept for every row count
-    assert set_up == [(d, "auto", quantization, engine.graph_buckets) for d in loads]  # as the engine does
+    assert set_up == [(d, "gemv", quantization, engine.graph_buckets) for d in loads]  # as the engine does
     # A warm-up step of every row count at load, then the timed ones, each over all its rows.
     assert steps == [(d, rows) for d in loads for _ in ("warm", "timed") for rows in (1, 8)]
     assert measured_cpu_dtype(probe) in CANDIDATES and probe.key in probe_cache_path().read_text()
