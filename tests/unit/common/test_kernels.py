@@ -260,6 +260,27 @@ def test_one_kernel_per_shape_least_slow_over_the_buckets(
     assert cost(table.chosen[shape]) == min(cost(k) for k in eligible)
 
 
+@given(
+    st.tuples(st.floats(1e-6, 1.0), st.floats(1e-6, 1.0), st.floats(1e-6, 1.0)),
+    st.tuples(st.floats(1e-6, 1.0), st.floats(1e-6, 1.0), st.floats(1e-6, 1.0)),
+)
+def test_a_kernel_the_stacks_cannot_run_is_kept_only_where_clearly_less_slow(
+    ours: tuple[float, float, float], onednn: tuple[float, float, float]
+) -> None:
+    # One shape given to oneDNN leaves every layer of its stack unfused: it must win by a margin.
+    buckets = (1, 4, 16)
+    shape = (8, 8, False)
+    times = {"gemv-fp32": ours, "onednn-fp32": onednn}
+    table = choice.KernelTable(
+        "float32", buckets, {shape: {k: dict(zip(buckets, t)) for k, t in times.items()}}
+    )
+    table.choose()
+    best = [min(ours[i], onednn[i]) for i in range(3)]
+    cost = {k: sum(t[i] / best[i] for i in range(3)) for k, t in times.items()}
+    clearly = cost["onednn-fp32"] * (1 + choice.FUSABLE_MARGIN) < cost["gemv-fp32"]
+    assert table.chosen[shape] == ("onednn-fp32" if clearly else "gemv-fp32")
+
+
 def test_measured_table_is_cached_and_not_measured_again(kernel_cache, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     shapes = {(32, 48, False), (48, 32, True)}
     first = choice.measure_kernels(shapes, "float32", (1, 2))
