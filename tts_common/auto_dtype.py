@@ -3,11 +3,11 @@ bfloat16 only where it is faster at every batch size timed, never by CPU flags a
 
 Flags do not tell: on a CPU without bf16 arithmetic (AVX2, or AVX-512 without AVX512-BF16) one
 stage's step can still be faster in bfloat16 and another's slower. On a 2-core AVX2-only AMD
-EPYC (Zen 3), 0.6B: the talker's decode step, bound by memory, takes 136 ms in bfloat16 against
-265 in float32 at one row and 281 against 347 at eight (half the bytes; our GEMV widens the
+EPYC (Zen 3), 0.6B: the talker's decode step, bound by memory, takes 137 ms in bfloat16 against
+224 in float32 at one row and 282 against 382 at eight (half the bytes; our GEMV widens the
 weights as it loads them), while the decoder's bf16 convolutions are emulated, 5188 ms a 4-frame
-chunk against 518; with int8 weights the talker's bf16 activations cost more than they save (82
-against 68 ms). So the choice is per stage, on that stage's own whole step (:class:`StepProbe`,
+chunk against 518; with int8 weights the talker's bf16 activations cost more than they save (89
+against 80 ms at one row). So the choice is per stage, on that stage's own whole step (:class:`StepProbe`,
 written next to each stage's model).
 The timings are cached per CPU model, torch version and thread count (:func:`probe_cache_path`),
 so only a machine's first start measures."""

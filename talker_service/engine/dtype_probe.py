@@ -6,9 +6,9 @@ would run (``--linear`` and ``--quantization``: the fused layer stacks included)
 The whole step, not its linears alone: on a 2-core AVX2-only AMD EPYC (Zen 3), 0.6B, the
 linears timed one shape at a time made bfloat16 slower than float32 at eight rows (418 against
 401 ms), while the engine's step, whose fused stacks also read a bf16 KV cache, runs 8 rows in
-281 ms in bfloat16 against 347 in float32. And with the kernels the engine would choose: chosen
+282 ms in bfloat16 against 382 in float32. And with the kernels the engine would choose: chosen
 for rows 1 and 8 only instead of the engine's 1, 2, 4, 8 and 16, some float32 shapes went to
-oneDNN, which left the layers unfused and the float32 step at 442 ms instead of 265. The dtypes are timed one
+oneDNN, which left the layers unfused and the float32 step at 442 ms instead of 224. The dtypes are timed one
 after the other, each talker loaded once and dropped before the next (at the first start only).
 """
 
