@@ -135,6 +135,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
     if args.segment_tokens < 0:
         raise ValueError(f"--segment-tokens must be >= 0, got {args.segment_tokens}")
     from decoder_service.model.dtype_probe import checkpoint_decoder_probe
+    from speaker_service.model.dtype_probe import checkpoint_speaker_probe
     from talker_service.engine.dtype_probe import checkpoint_talker_probe
 
     synth = OfflineSynthesizer(
@@ -142,7 +143,7 @@ def cmd_synthesize(args: argparse.Namespace) -> int:
         args.device,
         _stage_dtype(args, args.model, checkpoint_talker_probe),
         decoder_dtype=_stage_dtype(args, args.model, checkpoint_decoder_probe),
-        speaker_dtype=_speaker_dtype(args),
+        speaker_dtype=_stage_dtype(args, args.model, checkpoint_speaker_probe),
     )
     results = synth.synthesize(
         requests,
@@ -178,16 +179,6 @@ def _stage_dtype(args: argparse.Namespace, model_dir: str | Path, probe: Callabl
     from tts_common.precision import resolve_dtype
 
     return getattr(torch, resolve_dtype(args.dtype, args.device, functools.partial(probe, str(model_dir))))
-
-
-def _speaker_dtype(args: argparse.Namespace) -> Any:
-    """The voice-clone front end's dtype (a Base checkpoint's speaker stage); None elsewhere."""
-    from speaker_service.model.dtype_probe import checkpoint_speaker_probe
-    from tts_common.config import load_checkpoint_config
-
-    if load_checkpoint_config(args.model).model.tts_model_type != "base":
-        return None
-    return _stage_dtype(args, args.model, checkpoint_speaker_probe)
 
 
 def _write_timestamps(
