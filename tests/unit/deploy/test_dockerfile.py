@@ -311,9 +311,10 @@ def test_runtime_stage(instructions: list[Instruction]) -> None:
 def test_runtime_has_what_triton_compiles_with(instructions: list[Instruction]) -> None:
     """On CUDA the talker's torch.compile(flex_attention) runs Triton during warm-up, and Triton
     builds its kernel launchers with the C compiler (``cc``) against Python.h and libc's headers:
-    the runtime stage installs a compiler and libc6-dev, and its build fails unless the compiler
-    finds Python.h where this Python keeps it (the compose check builds and imports an extension
-    in the running talker container)."""
+    the runtime stage installs a compiler and libc6-dev (and python3-dev where the base image's
+    Python has no headers), and its build fails unless the compiler finds Python.h where this
+    Python keeps it (the compose check builds and imports an extension in the running talker
+    container)."""
     runtime = [i for i in final_stage(instructions) if i.keyword == "RUN"]
     installs = [i.args for i in runtime if "apt-get install" in i.args]
     assert installs, "the runtime stage installs its packages with apt-get"
@@ -321,7 +322,10 @@ def test_runtime_has_what_triton_compiles_with(instructions: list[Instruction]) 
     assert packages & {"gcc", "clang", "build-essential"}, "no C compiler for Triton"
     assert "libc6-dev" in packages or "build-essential" in packages, "no libc headers for Triton"
     (probe,) = [i.args for i in runtime if "#include <Python.h>" in i.args]
-    assert re.search(r"\bcc -fsyntax-only -I \"\$\(python -c .*sysconfig.get_paths\(\)\[\"include\"\]", probe)
+    assert re.search(r"include=\"\$\(python -c .*sysconfig.get_paths\(\)\[\"include\"\]", probe)
+    assert 'cc -fsyntax-only -I "$include" /tmp/probe.c' in probe
+    # A base image whose Python has no headers (Debian's python3) gets them before the check.
+    assert re.search(r'\[ -f "\$include/Python.h" \] \|\| apt-get install [^;]*\bpython3-dev\b', probe)
 
 
 def test_compile_cache_has_a_home_of_its_own(instructions: list[Instruction]) -> None:
