@@ -200,6 +200,11 @@ def _module_bytes(module: torch.nn.Module) -> int:
 
 
 # --- talker --------------------------------------------------------------------------------------
+def _talker_slots(options: DoctorOptions, device: torch.device) -> int:
+    """The talker slots the doctor checks (``--max-slots``, else 64 on CUDA and 4 on CPU)."""
+    return options.max_slots or (64 if device.type == "cuda" else 4)
+
+
 def check_talker(
     options: DoctorOptions, model_dir: Path, device: torch.device, dtype: torch.dtype, report: DoctorReport
 ) -> None:
@@ -210,7 +215,7 @@ def check_talker(
 
     loaded: dict[str, Any] = {}
     emulate = device.type != "cuda"
-    slots = options.max_slots or (64 if device.type == "cuda" else 4)
+    slots = _talker_slots(options, device)
 
     def load() -> dict[str, Any]:
         model = TalkerModel.from_checkpoint(model_dir, device, dtype)
@@ -387,10 +392,13 @@ def run_doctor(options: DoctorOptions) -> DoctorReport:
             report.environment["model"] = str(model_dir)
         # --dtype auto resolves per stage as the stages resolve it (measured on CPU).
         from decoder_service.model.dtype_probe import checkpoint_decoder_probe
+        from talker_service.engine import EngineConfig
         from talker_service.engine.dtype_probe import checkpoint_talker_probe
 
         name = options.dtype or ("bfloat16" if device.type == "cuda" else "float32")
-        talker_dtype = resolve_dtype(name, device, functools.partial(checkpoint_talker_probe, model_dir))
+        engine = EngineConfig(max_slots=_talker_slots(options, device), max_seq_len=options.max_seq_len)
+        talker_probe = functools.partial(checkpoint_talker_probe, model_dir, engine)
+        talker_dtype = resolve_dtype(name, device, talker_probe)
         decoder_dtype = resolve_dtype(name, device, functools.partial(checkpoint_decoder_probe, model_dir))
         report.environment["talker_dtype"] = talker_dtype
         report.environment["decoder_dtype"] = decoder_dtype

@@ -118,6 +118,8 @@ def test_doctor_takes_dtype_auto_and_resolves_it_per_stage_as_the_stages_do(
 
     def measured_cpu_dtype(probe: auto_dtype.StepProbe) -> str:  # stood in for: it takes seconds
         measured.append(probe.stage)
+        if probe.stage == "talker":  # timed in the engine the doctor checks: its 2 slots (SMALL)
+            assert probe.buckets == (1, 2) and "for rows (1, 2)" in probe.what
         return {"talker": "bfloat16", "decoder": "float32"}[probe.stage]
 
     monkeypatch.setattr(auto_dtype, "measured_cpu_dtype", measured_cpu_dtype)
