@@ -151,7 +151,7 @@ class StageError(TTSError):
         broke (the replica died mid-stream; every later read of the call reports it too) is a
         connection failure, which another replica may take over; any other status is the
         stage's. (A stream call of the pipeline first looks for the status the stage sent, which
-        grpc's failed send can hide: ``gateway.stages.pipeline._StageCall.error``.)"""
+        grpc's failed send can hide: ``gateway.stages.stage_call.StageCall.error``.)"""
         if exc.code() is grpc.StatusCode.INTERNAL and exc.details() == LOCAL_SEND_FAILURE:
             return cls(
                 stage, grpc.StatusCode.UNAVAILABLE, f"sending to it failed ({exc.debug_error_string()})"

@@ -6,7 +6,7 @@ its own, INTERNAL "Internal error from Core" (``_StreamRequestMixin._write`` ->
 to a talker that rejected it, read that instead of the talker's verdict, took it for a broken
 connection, failed over (a healthy replica marked failed, the request generated again) and told
 the client UNAVAILABLE. The gateway now reports the status the stage sent
-(``gateway.stages.pipeline._StageCall.error``).
+(``gateway.stages.stage_call.StageCall.error``).
 
 Unwidened the race went wrong in about 95 of 100 pipelines and 1 in 6 StreamingSynthesize calls.
 :func:`writes_racing_the_talkers_end` makes it happen every time, in the order that loses the
@@ -28,9 +28,10 @@ import pytest
 from grpc.aio import _call as aio_call
 
 from gateway.config import FailoverPolicy
-from gateway.stages import pipeline as pipeline_module
+from gateway.stages import stage_call
 from gateway.stages.errors import LOCAL_SEND_FAILURE
-from gateway.stages.pipeline import StageError, SynthesisPipeline, _StageCall
+from gateway.stages.pipeline import StageError, SynthesisPipeline
+from gateway.stages.stage_call import PinnedStub, StageCall
 from tests.helpers.fake_stages import FakeTalker, Harness, expect_streaming_error, run
 from tests.unit.gateway.test_failover import Replicas, _failovers
 from tests.unit.gateway.test_streaming_synthesize import config, text
@@ -194,10 +195,10 @@ def test_the_stages_status_is_found_in_every_order_and_none_is_not_a_failover(
 ) -> None:
     """The stage's status set first and then replaced by grpc's (the order seen in practice),
     grpc's first and the stage's a moment later, or none at all."""
-    monkeypatch.setattr(pipeline_module, "SEND_FAILURE_SETTLE_S", 0.2)
+    monkeypatch.setattr(stage_call, "SEND_FAILURE_SETTLE_S", 0.2)
 
     async def main() -> None:
-        side: _StageCall[Any] = _StageCall("talker", pipeline_module._PinnedStub("talker", object()))
+        side: StageCall[Any] = StageCall("talker", PinnedStub("talker", object()))
         endpoint = side.client.acquire()
 
         call = _Call()
