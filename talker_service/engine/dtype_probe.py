@@ -8,8 +8,9 @@ linears timed one shape at a time made bfloat16 slower than float32 at eight row
 401 ms), while the engine's step, whose fused stacks also read a bf16 KV cache, runs 8 rows in
 282 ms in bfloat16 against 382 in float32. And with the kernels the engine would choose: chosen
 for rows 1 and 8 only instead of the engine's 1, 2, 4, 8 and 16, some float32 shapes went to
-oneDNN, which left the layers unfused and the float32 step at 442 ms instead of 224. The dtypes are timed one
-after the other, each talker loaded once and dropped before the next (at the first start only).
+oneDNN, which left the layers unfused and the float32 step at 442 ms instead of 224. The dtypes
+are timed one after the other, each talker loaded once and dropped before the next (at the first
+start only).
 """
 
 from __future__ import annotations
@@ -17,12 +18,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from tts_common.auto_dtype import StepProbe
 from tts_common.config import load_checkpoint_config
-from tts_common.kernels.choice import frame_linear_calls, set_up_linears
+from tts_common.kernels.choice import set_up_linears
 from tts_common.synthesis import SamplingParams
 
 from ..model.loader import TalkerModel
@@ -135,16 +137,23 @@ def talker_step_probe(
     return StepProbe("talker", what, step_seconds, buckets)
 
 
+def _dims(layers: Any) -> str:
+    """The dimensions a decoder stack's step time depends on (a ``TalkerConfig`` or its
+    ``CodePredictorConfig``)."""
+    return (
+        f"{layers.num_hidden_layers} layers of {layers.hidden_size}, intermediate {layers.intermediate_size}, "
+        f"heads {layers.num_attention_heads}/{layers.num_key_value_heads}x{layers.head_dim}, vocab {layers.vocab_size}"
+    )
+
+
 def checkpoint_talker_probe(model_dir: str | Path, engine: EngineConfig | None = None) -> StepProbe:
     """:func:`talker_step_probe` of the checkpoint's talker (its weights, on CPU) in an engine
     of ``engine``'s settings (default: the talker stage's defaults), at 1 row and at 8 (or its
     slots, if fewer)."""
     engine = engine or EngineConfig()
-    calls = frame_linear_calls(load_checkpoint_config(model_dir).model.talker)
-    streamed = sum(fan_in * fan_out * n for (fan_in, fan_out, _), n in calls.items())
-    shapes = ", ".join(f"{n}x {i}->{o}{'+bias' if b else ''}" for (i, o, b), n in sorted(calls.items()))
+    talker = load_checkpoint_config(model_dir).model.talker
     kernels = f"--linear {engine.linear} --quantization {engine.quantization} for rows {engine.graph_buckets}"
-    what = f"a decode step ({kernels}; {streamed / 1e6:.1f}M weights streamed per frame: {shapes})"
+    what = f"a decode step ({kernels}; talker {_dims(talker)}; code predictor {_dims(talker.code_predictor)})"
     buckets = tuple(sorted({1, min(8, engine.max_slots)}))
     return talker_step_probe(
         lambda dtype: TalkerModel.from_checkpoint(model_dir, "cpu", dtype), what, engine, buckets

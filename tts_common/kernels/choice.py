@@ -1,5 +1,4 @@
-"""Choosing the CPU linear kernels by measuring them (``--linear auto``); the talker's
-``--dtype auto`` on CPU is timed from the same measurements.
+"""Choosing the CPU linear kernels by measuring them (``--linear auto``).
 
 At load, every candidate of the model's family (:mod:`.candidates`) is timed on every linear
 shape of the model at every batch bucket the engine runs, over enough distinct random weights
@@ -12,11 +11,9 @@ One kernel per shape, for every bucket: a request's codes must not depend on the
 in, and two kernels sum in different orders (for the same reason a kernel that is not itself
 batch-invariant, torch's float32 ``F.linear``, is timed as the reference but never kept). The kernel kept for a shape is the one whose time,
 relative to the fastest candidate at each bucket, summed over the buckets, is least (each bucket
-counts the same: a kernel twice as slow at one bucket loses as much as it would at another).
-
-``--dtype auto`` on CPU times the talker's step with these tables
-(``talker_service/model/dtype_probe.py``, through :mod:`tts_common.auto_dtype`): the per-frame
-time of a frame's linears with each family's chosen kernels (:meth:`KernelTable.step_seconds`).
+counts the same: a kernel twice as slow at one bucket loses as much as it would at another),
+except that one the fused layer stacks cannot run is kept only by a margin
+(:data:`FUSABLE_MARGIN`).
 """
 
 from __future__ import annotations
@@ -101,10 +98,6 @@ class KernelTable:
                 if cost[kept] * (1 + FUSABLE_MARGIN) >= cost[ours]:
                     kept = ours
             self.chosen[shape] = kept
-
-    def step_seconds(self, counts: Counter[Shape] | dict[Shape, int], bucket: int) -> float:
-        """Seconds the kept kernels take for ``counts`` calls of each shape at ``bucket`` rows."""
-        return sum(n * self.seconds[s][self.chosen[s]][bucket] for s, n in counts.items() if s in self.chosen)
 
     def describe(self) -> str:
         """The table as log lines: per shape, each kernel's microseconds per bucket, * = kept."""
@@ -262,36 +255,9 @@ def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
     return used
 
 
-def frame_linear_calls(talker_cfg: object) -> Counter[Shape]:
-    """Linear calls of one decode frame of a talker config (``TalkerConfig``): its layers and
-    codec head once, the code predictor's layers and one head per codebook after the first."""
-    t = talker_cfg
-    cp = t.code_predictor  # type: ignore[attr-defined]
-    calls: Counter[Shape] = Counter()
-
-    def layers(c: object, n: int) -> None:
-        h, heads, kv, hd = c.hidden_size, c.num_attention_heads, c.num_key_value_heads, c.head_dim  # type: ignore[attr-defined]
-        bias = bool(getattr(c, "attention_bias", False))
-        inter = c.intermediate_size  # type: ignore[attr-defined]
-        per_layer = [(h, heads * hd, bias), (h, kv * hd, bias), (h, kv * hd, bias), (heads * hd, h, bias)]
-        per_layer += [(h, inter, False), (h, inter, False), (inter, h, False)]
-        for shape in per_layer:
-            calls[shape] += n * c.num_hidden_layers  # type: ignore[attr-defined]
-
-    layers(t, 1)
-    calls[(t.hidden_size, t.vocab_size, False)] += 1  # type: ignore[attr-defined]
-    steps = cp.num_code_groups - 1
-    layers(cp, steps)
-    calls[(cp.hidden_size, cp.vocab_size, False)] += steps
-    if t.hidden_size != cp.hidden_size:  # type: ignore[attr-defined]
-        calls[(t.hidden_size, cp.hidden_size, True)] += steps  # type: ignore[attr-defined]
-    return calls
-
-
 __all__ = [
     "FAMILY_DTYPE",
     "KernelTable",
-    "frame_linear_calls",
     "linear_shapes",
     "measure_kernels",
     "set_up_linears",
