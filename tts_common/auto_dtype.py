@@ -7,10 +7,10 @@ EPYC (Zen 3), 0.6B: the talker's decode step, bound by memory, takes 137 ms in b
 224 in float32 at one row and 282 against 382 at eight (half the bytes; our GEMV widens the
 weights as it loads them), while the decoder's bf16 convolutions are emulated, 5188 ms a 4-frame
 chunk against 518; with int8 weights the talker's bf16 activations cost more than they save (89
-against 80 ms at one row). So the choice is per stage, on that stage's own whole step (:class:`StepProbe`,
-written next to each stage's model).
-The timings are cached per CPU model, torch version and thread count (:func:`probe_cache_path`),
-so only a machine's first start measures."""
+against 80 ms at one row). So the choice is per stage, on that stage's own whole step
+(:class:`StepProbe`, written next to each stage's model). The timings are cached per CPU model,
+torch version and thread count (:func:`probe_cache_path`), so only a machine's first start
+measures."""
 
 from __future__ import annotations
 
@@ -19,6 +19,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Generic, TypeVar
 
 import numpy as np
 import torch
@@ -26,6 +27,8 @@ import torch
 from .kernels.cache import load_json, machine_cache_file, store_json
 
 logger = logging.getLogger(__name__)
+
+ModelT = TypeVar("ModelT")
 
 CANDIDATES = ("float32", "bfloat16")
 """The dtypes ``auto`` chooses between on CPU (float16 has no fast CPU path)."""
@@ -63,6 +66,23 @@ class StepProbe:
         """The cache key: stage, step, rows and the thread count it was timed on."""
         rows = "/".join(map(str, self.buckets))
         return f"{self.stage}: {self.what}; rows {rows}; {torch.get_num_threads()} threads"
+
+
+class OneDtypeAtATime(Generic[ModelT]):
+    """A probe's model, held for one dtype at a time: ``load(dtype)`` runs on the first call of
+    a dtype, after the previous dtype's model is dropped (:func:`measured_cpu_dtype` times one
+    dtype after the other, so each loads once and only one is held)."""
+
+    def __init__(self, load: Callable[[torch.dtype], ModelT]) -> None:
+        self._load = load
+        self._held: tuple[str, ModelT] | None = None
+
+    def __call__(self, dtype: str) -> ModelT:
+        """The model in ``dtype`` (a name of :data:`CANDIDATES`)."""
+        if self._held is None or self._held[0] != dtype:
+            self._held = None  # dropped before the next one loads
+            self._held = (dtype, self._load(getattr(torch, dtype)))
+        return self._held[1]
 
 
 def speech_like_clip(sample_rate: int, seconds: float) -> np.ndarray:
@@ -143,6 +163,7 @@ def measured_cpu_dtype(probe: StepProbe) -> str:
 __all__ = [
     "CANDIDATES",
     "DECISIVE",
+    "OneDtypeAtATime",
     "ROUNDS",
     "StepProbe",
     "measured_cpu_dtype",

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from tts_common.auto_dtype import StepProbe, speech_like_clip
+from tts_common.auto_dtype import OneDtypeAtATime, StepProbe, speech_like_clip
 
 from .aligner import ForcedAligner
 from .config import ForcedAlignerConfig
@@ -41,22 +41,18 @@ def aligner_step_probe(
     """One forward pass of ``rows`` utterances of ``seconds`` and ``words``; ``load(dtype)``
     gives the aligner in a dtype (called once per dtype). Each (dtype, rows) is run once untimed
     before its first timing."""
-    aligners: dict[str, ForcedAligner] = {}
-    warm: set[tuple[str, int]] = set()
     item = AlignInput(
         audio=speech_like_clip(SAMPLE_RATE, seconds), sample_rate=SAMPLE_RATE, words=list(words)
     )
+    # The aligner of a dtype and the row counts it has run (a fresh set with each load).
+    aligners = OneDtypeAtATime(lambda dtype: (load(dtype), set[int]()))
 
     def step_seconds(dtype: str, rows: int) -> float:
-        if dtype not in aligners:
-            aligners.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
-            warm.clear()
-            aligners[dtype] = load(getattr(torch, dtype))
-        aligner = aligners[dtype]
+        aligner, warm = aligners(dtype)
         batch = [item] * rows
-        if (dtype, rows) not in warm:
+        if rows not in warm:
             aligner.predict_classes(batch)
-            warm.add((dtype, rows))
+            warm.add(rows)
         t0 = time.perf_counter()
         aligner.predict_classes(batch)
         return time.perf_counter() - t0

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import torch
 
-from tts_common.auto_dtype import StepProbe
+from tts_common.auto_dtype import OneDtypeAtATime, StepProbe
 
 from .decoder import CodecDecoder
 from .loading import load_codec_decoder
@@ -34,13 +34,10 @@ def decoder_step_probe(
 ) -> StepProbe:
     """A chunk of ``frames`` frames for each of ``rows`` sessions, after a first chunk that fills
     their left context; ``load(dtype)`` gives the decoder in a dtype (called once per dtype)."""
-    decoders: dict[str, CodecDecoder] = {}
+    decoders = OneDtypeAtATime(load)
 
     def step_seconds(dtype: str, rows: int) -> float:
-        if dtype not in decoders:
-            decoders.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
-            decoders[dtype] = load(getattr(torch, dtype))
-        decoder = decoders[dtype]
+        decoder = decoders(dtype)
         gen = torch.Generator().manual_seed(rows)
         shape = (frames, decoder.num_quantizers)
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from tts_common.auto_dtype import StepProbe, speech_like_clip
+from tts_common.auto_dtype import OneDtypeAtATime, StepProbe, speech_like_clip
 
 from .frontend import VoiceCloneFrontEnd
 
@@ -40,19 +40,21 @@ def speaker_step_probe(
     """``rows`` references of ``seconds`` each, one after another as the server runs them;
     ``load(dtype)`` gives the front end in a dtype (called once per dtype, then one untimed
     reference warms it up: Mimi builds its codebooks on first use)."""
-    frontends: dict[str, VoiceCloneFrontEnd] = {}
 
     def request(frontend: VoiceCloneFrontEnd, audio: np.ndarray) -> None:
         with torch.inference_mode():
             frontend.embed(audio)
             frontend.encode_reference(audio)
 
+    def warmed(dtype: torch.dtype) -> VoiceCloneFrontEnd:
+        frontend = load(dtype)
+        request(frontend, speech_like_clip(frontend.sample_rate, seconds))
+        return frontend
+
+    frontends = OneDtypeAtATime(warmed)
+
     def step_seconds(dtype: str, rows: int) -> float:
-        if dtype not in frontends:
-            frontends.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
-            frontend = frontends[dtype] = load(getattr(torch, dtype))
-            request(frontend, speech_like_clip(frontend.sample_rate, seconds))
-        frontend = frontends[dtype]
+        frontend = frontends(dtype)
         audio = speech_like_clip(frontend.sample_rate, seconds)
         t0 = time.perf_counter()
         for _ in range(rows):

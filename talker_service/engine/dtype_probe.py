@@ -22,7 +22,7 @@ from typing import Any
 
 import torch
 
-from tts_common.auto_dtype import StepProbe
+from tts_common.auto_dtype import OneDtypeAtATime, StepProbe
 from tts_common.config import load_checkpoint_config
 from tts_common.kernels.choice import set_up_linears
 from tts_common.synthesis import SamplingParams
@@ -117,19 +117,21 @@ def talker_step_probe(
     ``--linear``, ``--quantization`` and batch buckets: the kernel chosen for a shape depends on
     the buckets it is chosen for, and the fused stacks on every layer getting our GEMV). Each
     (dtype, rows) runs once untimed first."""
-    runners: dict[str, dict[int, Callable[[], None]]] = {}
+
+    def warmed(dtype: torch.dtype) -> dict[int, Callable[[], None]]:
+        model = load(dtype)
+        set_up_linears(
+            model.talker, "cpu", model.dtype, engine.linear, engine.quantization, engine.graph_buckets
+        )
+        runs = {b: decode_step_runner(model, b, sampling=SamplingParams()) for b in buckets}
+        for run in runs.values():
+            run()  # first touch of the weights and the cache, lazy set-up
+        return runs
+
+    runners = OneDtypeAtATime(warmed)
 
     def step_seconds(dtype: str, rows: int) -> float:
-        if dtype not in runners:
-            runners.clear()  # one dtype at a time (tts_common.auto_dtype): its model only
-            model = load(getattr(torch, dtype))
-            set_up_linears(
-                model.talker, "cpu", model.dtype, engine.linear, engine.quantization, engine.graph_buckets
-            )
-            runners[dtype] = {b: decode_step_runner(model, b, sampling=SamplingParams()) for b in buckets}
-            for run in runners[dtype].values():
-                run()  # first touch of the weights and the cache, lazy set-up
-        run = runners[dtype][rows]
+        run = runners(dtype)[rows]
         t0 = time.perf_counter()
         run()
         return time.perf_counter() - t0
