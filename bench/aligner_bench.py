@@ -34,7 +34,7 @@ from aligner_service.model.config import ForcedAlignerConfig
 from aligner_service.model.frontend import AlignerFrontend
 from aligner_service.model.text_model import AlignerThinker
 from qwen3_tts.dev_aligner import make_dev_aligner, tiny_aligner_config
-from tts_common.precision import cpu_model
+from tts_common.cpu_info import cpu_identity
 
 RELEASE_AUDIO = {
     "d_model": 1024,
@@ -135,7 +135,7 @@ def main() -> None:
     one_by_one = best(lambda: [aligner.logits_for_prompts([p]) for p in prompts], args.repeat, sync)
     batched = best(lambda: aligner.logits_for_prompts(prompts), args.repeat, sync)
     report = {
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "device": torch.cuda.get_device_name() if cuda else "cpu",
         "torch_threads": torch.get_num_threads(),
         "size": args.size,

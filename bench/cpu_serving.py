@@ -79,7 +79,7 @@ from qwen3_tts.offline import OfflineRequest, OfflineSynthesizer
 from talker_service.engine import EngineConfig
 from talker_service.engine.dtype_probe import checkpoint_talker_probe
 from tts_common.config import load_checkpoint_config
-from tts_common.cpu_info import cpu_flags, cpu_model
+from tts_common.cpu_info import cpu_flags, cpu_identity
 from tts_common.kernels.choice import set_up_linears
 from tts_common.memory import resident_bytes
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
@@ -141,7 +141,7 @@ def machine_info(bandwidth_mib: int) -> dict[str, Any]:
         (int(line.split()[1]) * 1024 for line in open("/proc/meminfo") if line.startswith("MemTotal:")), 0
     )
     return {
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_identity(),
         "cpu_flags": [f for f in INTERESTING_FLAGS if f in flags],
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),

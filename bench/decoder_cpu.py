@@ -20,7 +20,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import statistics
 import sys
 import time
@@ -30,20 +29,11 @@ from typing import Any
 
 import torch
 
+from tts_common.cpu_info import cpu_identity
 from tts_common.release_dims import release_decoder_config
 
 PACKAGE = "decoder_service"
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
 
 
 def import_tree(path: Path) -> dict[str, ModuleType]:
@@ -151,7 +141,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "what": "streamed codec decode at release dims (random weights), serving chunk schedule "
         "2,4,8,16,25..., ms per decoded frame (80 ms of audio); trees interleaved run by run",
         "machine": {
-            "cpu": _cpu_model(),
+            "cpu": cpu_identity(),
             "threads": args.threads,
             "torch": torch.__version__,
             "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY", "(unset)"),

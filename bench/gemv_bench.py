@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from decoder_bench import best_time
 from talker_bench import read_bandwidth_gbs
 
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.kernels.candidates import CANDIDATES, make_candidate
 
 SHAPES = ((1024, 3072), (3072, 1024), (1024, 2048), (2048, 1024), (1024, 1024))
@@ -44,7 +44,7 @@ def main() -> None:
     ap.add_argument("--json")
     opts = ap.parse_args()
     rows = [int(r) for r in opts.rows.split(",")]
-    out: dict = {"cpu_model": cpu_model(), "threads": torch.get_num_threads(), "torch": torch.__version__}
+    out: dict = {"cpu_model": cpu_identity(), "threads": torch.get_num_threads(), "torch": torch.__version__}
     out["read_gbs"] = round(read_bandwidth_gbs(), 1)
     print(json.dumps(out), flush=True)
     results = []

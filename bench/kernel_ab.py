@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.kernels.candidates import quantize_int8
 from tts_common.kernels.gemv import LIBRARY_SOURCE, compile_library, pack_weight
 
@@ -131,7 +131,7 @@ def main() -> None:
         start = time.perf_counter()
         flat.sum()
         read.append(time.perf_counter() - start)
-    print(f"{cpu_model()}, {threads} threads, {opts.kernel} at {opts.rows} rows, {nbytes / 2**20:.0f} MiB")
+    print(f"{cpu_identity()}, {threads} threads, {opts.kernel} at {opts.rows} rows, {nbytes / 2**20:.0f} MiB")
     print(f"  torch float32 sum: median {nbytes / statistics.median(read) / 1e9:.1f} GB/s")
     for name, ts in times.items():
         print(

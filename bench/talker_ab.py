@@ -7,6 +7,11 @@ and the frames/s at ``--batch`` against 1 row.
 
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants float32,auto,int8
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8-unfused,int8
+    python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8,auto+int8
+
+``int8`` is float32 activations over int8 weights; ``DTYPE+int8`` (``auto+int8``,
+``bfloat16+int8``) the int8 weights under another dtype, as ``--dtype DTYPE --quantization int8``
+serves them (``auto`` resolved by the talker's probe of the int8 step).
 
 A variant with ``-unfused`` (``int8-unfused``, ``bfloat16-unfused``): the same kernels with the
 decoder stacks on the torch path (no fused stack forward: tts_common.kernels.fused_stack), the
@@ -29,9 +34,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from talker_bench import frame_weight_bytes, read_bandwidth_gbs
 
+from talker_service.engine.config import EngineConfig
 from talker_service.engine.dtype_probe import checkpoint_talker_probe, decode_step_runner
 from talker_service.model.loader import TalkerModel
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.kernels.choice import set_up_linears
 from tts_common.precision import resolve_dtype
 
@@ -40,7 +46,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--model", required=True)
     ap.add_argument(
-        "--variants", default="float32,auto,int8", help="dtypes (auto resolved) or int8, each maybe -unfused"
+        "--variants",
+        default="float32,auto,int8",
+        help="dtypes (auto resolved), int8 or DTYPE+int8, each maybe -unfused",
     )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="decode steps per timing")
@@ -50,15 +58,18 @@ def main() -> None:
     buckets = sorted({1, 2, 4, opts.batch})
     runners, floors_bytes, kernels = {}, {}, {}
     for name in opts.variants.split(","):
+        unfused = name.endswith("-unfused")
         base = name.removesuffix("-unfused")
-        int8 = base == "int8"
-        probe = functools.partial(checkpoint_talker_probe, opts.model)
-        dtype = "float32" if int8 else resolve_dtype(base, "cpu", probe)
+        int8 = base == "int8" or base.endswith("+int8")
+        base = base.removesuffix("+int8") if base != "int8" else "float32"
+        engine = EngineConfig(quantization="int8" if int8 else "none")
+        probe = functools.partial(checkpoint_talker_probe, opts.model, engine)
+        dtype = resolve_dtype(base, "cpu", probe)
         model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, dtype))
         kernels[name], _ = set_up_linears(
             model.talker, "cpu", model.dtype, "auto", "int8" if int8 else "none", buckets
         )
-        if name != base:
+        if unfused:
             for stack in model.talker.modules():
                 if (attribute := getattr(type(stack), "FUSED_STACK", None)) is not None:
                     setattr(stack, attribute, None)
@@ -86,7 +97,7 @@ def main() -> None:
         )
     bw = statistics.median(bandwidth)
     report = {
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_identity(),
         "threads": torch.get_num_threads(),
         "read_gbs_median": round(bw, 1),
         "read_gbs_range": [round(min(bandwidth), 1), round(max(bandwidth), 1)],

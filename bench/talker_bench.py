@@ -36,7 +36,7 @@ from talker_service.model.prompt import TalkerPrompt
 from talker_service.model.talker import Talker
 from tts_common.compute_thread import call_in_fresh_thread
 from tts_common.config import CheckpointConfig, GenerationConfig, Qwen3TTSConfig, SpeechTokenizerConfig
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.kernels.choice import set_up_linears
 from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES, resolve_dtype
 from tts_common.release_dims import release_model_config, speech_tokenizer_config_dict
@@ -239,7 +239,7 @@ def main() -> None:
     weights = frame_weight_bytes(model.talker)
     bandwidth = read_bandwidth_gbs()
     floor_ms = 1000 * weights / (bandwidth * 1e9)
-    print(f"{cpu_model()}; linear kernels: {kernels}")
+    print(f"{cpu_identity()}; linear kernels: {kernels}")
     if table is not None:
         print(table.describe())
     print(
@@ -251,7 +251,7 @@ def main() -> None:
     )
     results: dict = {
         "size": args.size,
-        "cpu_model": cpu_model(),
+        "cpu_model": cpu_identity(),
         "dtype": dtype_name,
         "dtype_flag": args.dtype,
         "quantization": args.quantization,

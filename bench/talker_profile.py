@@ -18,7 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 
 from talker_service.engine.dtype_probe import decode_step_runner
 from talker_service.model.loader import TalkerModel
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.kernels.choice import set_up_linears
 from tts_common.precision import LINEAR_CHOICES, QUANTIZATION_CHOICES
 
@@ -38,7 +38,7 @@ def main() -> None:
     kernels, _ = set_up_linears(
         model.talker, "cpu", model.dtype, opts.linear, opts.quantization, sorted({1, opts.batch})
     )
-    print(f"{cpu_model()}, {torch.get_num_threads()} threads; {kernels}")
+    print(f"{cpu_identity()}, {torch.get_num_threads()} threads; {kernels}")
     walls = {}
     for batch in sorted({1, opts.batch}):
         run = decode_step_runner(model, batch, opts.steps, opts.prompt)

@@ -34,9 +34,7 @@ import argparse
 import bisect
 import json
 import math
-import platform
 import statistics
-import subprocess
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -50,6 +48,7 @@ from playback import Playback, PlayedStream
 from stream_text import PARAGRAPH, deltas_of
 
 from qwen3_tts.request_flags import add_request_flags, request_from_flags
+from tts_common.cpu_info import cpu_identity
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2, stages_pb2_grpc
 from tts_common.pb.qwen3tts.v1 import tts_pb2, tts_pb2_grpc
 
@@ -214,16 +213,6 @@ def align_cost(
     }
 
 
-def cpu_model() -> str:
-    try:
-        out = subprocess.run(["lscpu"], capture_output=True, text=True, check=True).stdout
-        return next(
-            line.split(":", 1)[1].strip() for line in out.splitlines() if line.startswith("Model name")
-        )
-    except (OSError, subprocess.CalledProcessError, StopIteration):
-        return platform.processor() or "unknown"
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--gateway", default="127.0.0.1:50051")
@@ -244,7 +233,7 @@ def main() -> None:
     base = request_from_flags(args, text_feeding=tts_pb2.TEXT_FEEDING_STREAMING)
     text, deltas = chapter(args.chars), deltas_of(PARAGRAPH, 4.0)
     report: dict[str, object] = {
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "machine": "shared with other agents' work (noisy figures; on and off alternate to share the noise)",
         "long_text_chars": len(text),
         "streamed_deltas": len(deltas),

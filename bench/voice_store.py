@@ -35,7 +35,7 @@ from gateway.voice_library import (
     VoiceLibraryConfig,
     create_voice_library,
 )
-from tts_common.precision import cpu_model
+from tts_common.cpu_info import cpu_identity
 
 OWNER = Scope(owner="0" * 64)
 
@@ -122,7 +122,7 @@ async def main() -> None:
                 conn = await asyncpg.connect(args.postgres)
                 await conn.execute(f'DROP SCHEMA IF EXISTS "{schema}" CASCADE')
                 await conn.close()
-    report = {"cpu": cpu_model(), "operations": args.operations, "results": results}
+    report = {"cpu": cpu_identity(), "operations": args.operations, "results": results}
     print(f"CPU: {report['cpu']}; {args.operations} operations each, one at a time")
     print(f"{'back end':<12}{'operation':<11}{'p50 ms':>9}{'p95 ms':>9}{'mean ms':>9}")
     for name, ops in results.items():

@@ -38,7 +38,7 @@ from typing import Any
 
 import torch
 
-from tts_common.cpu_info import cpu_model
+from tts_common.cpu_info import cpu_identity
 from tts_common.memory import format_bytes
 from tts_common.memory_plan import CUDA_CONTEXT_BYTES, MemoryPlan, StageShare, plan_device
 from tts_common.precision import resolve_dtype
@@ -132,7 +132,7 @@ def environment(device: torch.device) -> dict[str, Any]:
         "driver": _driver_version(),
         "c_compiler": compiler or "",
         "python_headers": str(headers) if headers.is_file() else "",
-        "cpu": cpu_model(),
+        "cpu": cpu_identity(),
         "cpu_count": os.cpu_count(),
     }
     try:

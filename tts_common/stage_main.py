@@ -49,8 +49,8 @@ class StageModelConfig:
 
     dtype: str = field(default="float32", metadata=flag(choices=DTYPE_CHOICES))
     """Weight/activation dtype; auto = bfloat16 where it is faster: on CUDA with bf16 support; on
-    CPU where this stage's own step measures faster in bfloat16 than in float32 at 1 and 8 rows
-    (at the first start, then cached), else float32 (tts_common/auto_dtype.py). float32 keeps
+    CPU where this stage's own step measures faster in bfloat16 than in float32 over 1 and 8 rows
+    and slower at neither (at the first start, then cached), else float32 (tts_common/auto_dtype.py). float32 keeps
     parity with the official implementation."""
 
     threads: int = 0

@@ -25,13 +25,15 @@ def cache_dir() -> Path:
 
 
 def machine_cache_file(kind: str) -> Path:
-    """The cache file of ``kind`` for this CPU model and torch version (what it measures holds
-    for both)."""
+    """The cache file of ``kind`` for this CPU (model name, generation and flags:
+    :func:`~tts_common.cpu_info.cpu_identity`) and torch version: what it measures holds for
+    both, and a cache shared by hosts of one model name but another generation must not hand
+    one the other's choice."""
     import torch
 
-    from tts_common.cpu_info import cpu_model
+    from tts_common.cpu_info import cpu_identity
 
-    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_model()).strip("-") or "unknown"
+    slug = re.sub(r"[^A-Za-z0-9]+", "-", cpu_identity()).strip("-") or "unknown"
     return cache_dir() / f"{kind}-{slug}-torch{torch.__version__}.json"
 
 

@@ -1,5 +1,5 @@
 """--dtype auto: on CPU each stage's own step is timed in float32 and bfloat16 and bfloat16 kept
-only where it is faster at every row count (never by CPU flags alone), the timings cached per
+only where it is faster over the row counts and slower at none (never by CPU flags alone), the timings cached per
 CPU model, torch version, step and thread count; explicit dtypes are kept."""
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from tts_common import cpu_info
 from tts_common.auto_dtype import (
     DECISIVE,
+    NOISE,
     ROUNDS,
     StepProbe,
     measured_cpu_dtype,
@@ -53,20 +54,35 @@ def kernel_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 @settings(max_examples=60)
 @given(times_by_rows, times_by_rows)
-def test_auto_on_cpu_is_bf16_only_where_the_stage_step_is_faster_at_every_row_count(
+def test_auto_on_cpu_is_bf16_only_where_the_stage_step_is_faster_overall_and_slower_at_no_row_count(
     fp32: dict[int, float], bf16: dict[int, float]
 ) -> None:
     step = FakeStep({"float32": fp32, "bfloat16": bf16}, what=f"{fp32} {bf16}")  # fresh cache key
     got = resolve_dtype("auto", "cpu", step.probe)
-    assert got == ("bfloat16" if all(bf16[b] < fp32[b] for b in BUCKETS) else "float32")
+    ratios = [bf16[b] / fp32[b] for b in BUCKETS]
+    kept = all(r <= 1 + NOISE for r in ratios) and sum(ratios) < len(BUCKETS)
+    assert got == ("bfloat16" if kept else "float32")
+    if got == "bfloat16":  # never slower than float32 at any row count, beyond the timing noise
+        assert all(bf16[b] <= (1 + NOISE) * fp32[b] for b in BUCKETS)
     # float32 at every row count, then bfloat16 (one dtype at a time), rows ascending, ROUNDS
     # times each; bfloat16 once where DECISIVE times slower, and not past the first rows where it
-    # is not faster (float32 already).
-    timed = [1] if bf16[1] >= fp32[1] else [1, 8]
+    # is slower (float32 already).
+    timed = [1] if bf16[1] > (1 + NOISE) * fp32[1] else [1, 8]
     rounds = {b: 1 if bf16[b] > DECISIVE * fp32[b] else ROUNDS for b in timed}
     expected = [("float32", b) for b in BUCKETS for _ in range(ROUNDS)]
     expected += [("bfloat16", b) for b in timed for _ in range(rounds[b])]
     assert step.calls == expected
+
+
+def test_a_tie_at_one_row_does_not_throw_away_a_win_at_eight() -> None:
+    # The int8 talker step on a Zen 4 EPYC (ms, best of 3): the same at one row, 1.4x as fast in
+    # bfloat16 at eight; a strict "faster at every row count" let the noise pick float32.
+    tie = FakeStep({"float32": {1: 56.6, 8: 162.2}, "bfloat16": {1: 56.7, 8: 113.5}}, "int8 step")
+    assert resolve_dtype("auto", "cpu", tie.probe) == "bfloat16"
+    slower = FakeStep({"float32": {1: 56.6, 8: 162.2}, "bfloat16": {1: 60.0, 8: 113.5}}, "slower at one")
+    assert resolve_dtype("auto", "cpu", slower.probe) == "float32" and ("bfloat16", 8) not in slower.calls
+    equal = FakeStep({"float32": {1: 50.0, 8: 100.0}, "bfloat16": {1: 50.0, 8: 100.0}}, "no faster")
+    assert resolve_dtype("auto", "cpu", equal.probe) == "float32"
 
 
 def test_the_choice_does_not_look_at_cpu_flags(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -122,6 +138,35 @@ def test_cpuinfo_parsing(tmp_path: Path) -> None:
     assert cpu_flags(info) == {"fpu", "avx2", "avx512_bf16"} and cpu_has_native_bf16(cpu_flags(info))
     assert cpu_model(info) == "AMD EPYC 7571"
     assert cpu_flags(tmp_path / "missing") == frozenset() and cpu_model(tmp_path / "missing") == "unknown"
+
+
+def test_hosts_of_one_model_name_but_another_generation_or_flags_get_their_own_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # KVM guests report a bare "AMD EPYC" for Zen 3 and Zen 4 alike: a measured choice cached
+    # on one (bf16 on Zen 4) must not be read on the other.
+    from tts_common.kernels import cache
+
+    monkeypatch.setenv(CACHE_ENV, str(tmp_path / "cache"))
+    identity_of = cpu_info.cpu_identity
+    files = {}
+    for name, model, flags in (
+        ("zen3", "1", "fpu avx2 fma"),
+        ("zen4", "17", "fpu avx2 fma avx512f avx512_bf16"),
+        ("zen4-masked", "17", "fpu avx2 fma"),
+    ):
+        info = tmp_path / name
+        info.write_text(
+            "processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 25\n"
+            f"model\t\t: {model}\nmodel name\t: AMD EPYC\nstepping\t: 1\nflags\t\t: {flags}\n\n"
+            "processor\t: 1\nmodel\t\t: 99\n"
+        )
+        identity = identity_of(info)
+        assert identity.startswith(f"AMD EPYC (family 25, model {model}, stepping 1, flags ")
+        monkeypatch.setattr(cpu_info, "cpu_identity", lambda identity=identity: identity)
+        files[name] = cache.machine_cache_file("auto-dtype")
+    assert len(set(files.values())) == 3
+    assert identity_of(tmp_path / "missing") == "unknown"
 
 
 def test_stage_processes_resolve_auto_on_their_own_step_before_building_their_config() -> None:
