@@ -109,8 +109,13 @@ def probe_cache_path() -> Path:
 
 
 def _bf16_ratios(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -> list[float]:
-    """bfloat16's time over float32's at each row count (inf where bfloat16 was not timed)."""
-    return [times["bfloat16"].get(b, float("inf")) / times["float32"][b] for b in buckets]
+    """bfloat16's time over float32's at each row count (inf where bfloat16 was not timed; a
+    probe with nothing to time gives 0 for both: a ratio of 1, not faster)."""
+    ratios = []
+    for b in buckets:
+        bf16, fp32 = times["bfloat16"].get(b, float("inf")), times["float32"][b]
+        ratios.append(bf16 / fp32 if fp32 > 0 else 1.0 if bf16 <= 0 else float("inf"))
+    return ratios
 
 
 def _bf16_not_slower(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -> bool:

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from tts_common.kernels.snake import snake_beta
 from tts_common.onednn_linear import ROW_HINT, onednn_ops_available, packed_linear
 
 from .primitives import DerivedCache, State, Stateful, gather_time, zero_padding
@@ -250,7 +251,10 @@ class SnakeBeta(nn.Module):
 
     Always computed in float32 (parameters kept float32 by the loader, reduced-precision inputs
     widened and the result rounded back): in half precision ``exp(beta)`` overflows and ``1e-9``
-    vanishes, and in bfloat16 ``sin`` of a large ``x * exp(alpha)`` loses its phase.
+    vanishes, and in bfloat16 ``sin`` of a large ``x * exp(alpha)`` loses its phase. On CPU, for
+    inference, one pass of the compiled library (:func:`tts_common.kernels.snake.snake_beta`: the
+    same float32 formula, its sine within a few ulps of torch's, a third of the bf16 decoder's
+    CPU time saved on a Zen 4 EPYC); torch's formula elsewhere.
     """
 
     def __init__(self, channels: int) -> None:
@@ -265,8 +269,15 @@ class SnakeBeta(nn.Module):
 
     def forward(self, x: Tensor, out: Tensor | None = None) -> Tensor:
         """The activation of ``x``; written into ``out`` (same shape and dtype) when given."""
+        if not torch.is_grad_enabled():
+            # on CPU one pass of the compiled library (tts_common.kernels.snake: the same float32
+            # formula, its sine within a few ulps of torch's), where it can run this tensor
+            alpha, inv_beta = self._cache.get((self.alpha, self.beta), self._coefficients)
+            fused = snake_beta(x, alpha, inv_beta, out)
+            if fused is not None:
+                return fused
         if x.dtype != torch.float32:
-            y = self._forward_f32(x.float()).to(x.dtype)
+            y = self.forward(x.float()).to(x.dtype)
             return y if out is None else out.copy_(y)
         return self._forward_f32(x, out)
 

@@ -45,16 +45,20 @@ from .amx_source import SOURCE as AMX_SOURCE
 from .cache import cache_dir
 from .gemv_source import SOURCE as GEMV_SOURCE
 from .pool_source import SOURCE as POOL_SOURCE
+from .snake_source import SOURCE as SNAKE_SOURCE
 from .stack_source import SOURCE as STACK_SOURCE
 from .vec_source import SOURCE as VEC_SOURCE
 
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
-LIBRARY_SOURCE = VEC_SOURCE + POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE
+LIBRARY_SOURCE = (
+    VEC_SOURCE + POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE + SNAKE_SOURCE
+)
 """What the library compiles, in this order: the 16-lane vector on AVX-512 or AVX2
 (:mod:`.vec_source`), the work sharing (:mod:`.pool_source`), the GEMV kernels (:mod:`.gemv_source`, :mod:`.amx_source`, :mod:`.amx_int8_source`) and, calling them, the fused decoder stack
-(:mod:`.stack_source`, :mod:`.fused_stack`): one library, one worker pool per process."""
+(:mod:`.stack_source`, :mod:`.fused_stack`), and the codec decoder's SnakeBeta activation
+(:mod:`.snake_source`, :mod:`.snake`): one library, one worker pool per process."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
 """CPU flags of the library's AVX-512 build (``vpmovsxbd``/``vpmovzxwd`` on 512 bits; the fused
 stack's masked 16-bit loads and stores of a bf16 cache on 256 bits)."""
@@ -144,6 +148,10 @@ def _library() -> ctypes.CDLL | None:
     lib.stack_forward.argtypes = [ctypes.c_void_p] * 7 + [ctypes.c_int] * 2 + [ctypes.c_void_p] * 2
     lib.stack_forward.argtypes += [ctypes.c_int] * 2 + [ctypes.c_void_p, ctypes.c_int]
     lib.stack_forward.restype = ctypes.c_int
+    lib.snake_beta.argtypes = (
+        [ctypes.c_void_p] * 4 + [ctypes.c_int] * 2 + [ctypes.c_long] * 5 + [ctypes.c_int] * 3
+    )
+    lib.snake_beta.restype = ctypes.c_int
     return lib
 
 
