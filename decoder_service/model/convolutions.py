@@ -64,6 +64,7 @@ class CausalConv1d(Stateful):
         self.conv = nn.Conv1d(in_channels, out_channels, kernel_size, dilation=dilation, groups=groups)
         self.history = (kernel_size - 1) * dilation
         self._packed = DerivedCache()
+        self._channels_last = DerivedCache()
 
     def state_spec(self) -> dict[str, tuple[tuple[int, ...], torch.dtype | None]]:
         if self.history == 0:
@@ -99,7 +100,13 @@ class CausalConv1d(Stateful):
                 x4, packed, conv.bias, [0, 0], [1, 1], dilation, conv.groups, "none", [], ""
             )
         else:
-            y = F.conv2d(x4, conv.weight.unsqueeze(2), conv.bias, dilation=dilation, groups=conv.groups)
+            # the weight channels-last too, kept beside the parameter: given as it lies, F.conv2d
+            # copies it into that layout on every call (the bf16 1024 -> 1536 k7 conv: a 22 MB
+            # copy, ~10 ms a chunk on a Zen 4 EPYC)
+            weight = self._channels_last.get(
+                (conv.weight,), lambda: conv.weight.unsqueeze(2).contiguous(memory_format=torch.channels_last)
+            )
+            y = F.conv2d(x4, weight, conv.bias, dilation=dilation, groups=conv.groups)
         y = y.squeeze(2)
         return y if residual is None else y + residual
 
