@@ -8,11 +8,11 @@ EPYC (Zen 3), 0.6B: the talker's decode step, bound by memory, takes 137 ms in b
 224 in float32 at one row and 282 against 382 at eight (half the bytes; our GEMV widens the
 weights as it loads them), while the decoder's bf16 convolutions are emulated, 5188 ms a 4-frame
 chunk against 518; with int8 weights the talker's bf16 activations cost more than they save (89
-against 80 ms at one row); on an AVX512-BF16 EPYC (Zen 4) the int8 step ties at one row (56.6 against
-56.7 ms) and is 1.4x as fast in bfloat16 at eight (114 against 162). So the choice is per stage, on that stage's own whole step
-(:class:`StepProbe`, written next to each stage's model). The timings are cached per CPU model,
-torch version and thread count (:func:`probe_cache_path`), so only a machine's first start
-measures."""
+against 80 ms at one row). On an AVX512-BF16 EPYC (Zen 4) the int8 step ties at one row (56.6
+against 56.7 ms) and is 1.4x as fast in bfloat16 at eight (114 against 162). So the choice is per
+stage, on that stage's own whole step (:class:`StepProbe`, written next to each stage's model).
+The timings are cached per CPU (model name, generation and flags), torch version and thread
+count (:func:`probe_cache_path`), so only a machine's first start measures."""
 
 from __future__ import annotations
 
@@ -134,9 +134,9 @@ def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
     One dtype at a time, float32 first (so a probe need hold one dtype's model: a talker's
     float32 and bfloat16 weights together would take one and a half times its float32 size), rows
     from fewest to most, each timed :data:`ROUNDS` times, the best kept. bfloat16 stops at the
-    first rows where it is slower (beyond :data:`NOISE`): the choice is float32 then, and an emulated bf16 step can
-    take seconds (the decoder's, on a CPU without bf16 arithmetic), so a step :data:`DECISIVE`
-    times slower than float32's is not timed again.
+    first rows where it is slower (beyond :data:`NOISE`): the choice is float32 then, and an
+    emulated bf16 step can take seconds (the decoder's, on a CPU without bf16 arithmetic), so a
+    step :data:`DECISIVE` times slower than float32's is not timed again.
     """
     path = probe_cache_path()
     cached = load_json(path).get(probe.key)

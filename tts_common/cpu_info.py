@@ -7,34 +7,8 @@ import hashlib
 from pathlib import Path
 
 
-@functools.cache
-def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
-    """The CPU feature flags of the first processor in ``cpuinfo`` (x86 ``flags``, Arm
-    ``Features``); empty when unreadable."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        key, _, value = line.partition(":")
-        if key.strip() in ("flags", "Features"):
-            return frozenset(value.split())
-    return frozenset()
-
-
-def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
-    """The CPU's model name (``"unknown"`` when unreadable)."""
-    try:
-        for line in cpuinfo.read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key.strip() in ("model name", "Model", "cpu model"):
-                return value.strip()
-    except OSError:
-        pass
-    return "unknown"
-
-
 def _first_processor_fields(cpuinfo: Path) -> dict[str, str]:
+    """The ``key: value`` lines of the first processor in ``cpuinfo`` (empty when unreadable)."""
     fields: dict[str, str] = {}
     try:
         text = cpuinfo.read_text()
@@ -48,6 +22,27 @@ def _first_processor_fields(cpuinfo: Path) -> dict[str, str]:
         key, _, value = line.partition(":")
         fields.setdefault(key.strip(), value.strip())
     return fields
+
+
+@functools.cache
+def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
+    """The CPU feature flags of the first processor in ``cpuinfo`` (x86 ``flags``, Arm
+    ``Features``); empty when unreadable."""
+    fields = _first_processor_fields(cpuinfo)
+    return frozenset(fields.get("flags", fields.get("Features", "")).split())
+
+
+def cpu_model(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
+    """The CPU's model name (``"unknown"`` when unreadable; any line of the file: Arm boards put
+    ``Model`` after the processors)."""
+    try:
+        for line in cpuinfo.read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("model name", "Model", "cpu model"):
+                return value.strip()
+    except OSError:
+        pass
+    return "unknown"
 
 
 def cpu_identity(cpuinfo: Path = Path("/proc/cpuinfo")) -> str:
