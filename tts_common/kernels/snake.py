@@ -41,6 +41,8 @@ def snake_beta(
     y = torch.empty_like(x) if out is None else out
     if y.shape != x.shape or y.dtype != x.dtype or y.device != x.device:
         return None
+    if out is not None and out.untyped_storage().data_ptr() == x.untyped_storage().data_ptr():
+        return None  # in place: the pass past LIMIT re-reads x after the first wrote y
     # rows of contiguous values in both: channels (channel-major) or time steps (time-major);
     # rows and items at any stride (``out`` can be a window of a longer buffer)
     if _unit_stride(x, 2) and _unit_stride(y, 2):

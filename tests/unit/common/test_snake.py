@@ -109,4 +109,5 @@ def test_what_it_cannot_run_is_left_to_torch() -> None:
         assert snake_beta(x[:, :, ::2], alpha, inv_beta) is None  # not dense
         assert snake_beta(x, alpha, inv_beta, out=torch.empty(2, 4, 10, dtype=torch.bfloat16)) is None
         assert snake_beta(x[0], alpha, inv_beta) is None  # not [B, C, T]
+        assert snake_beta(x, alpha, inv_beta, out=x) is None  # in place
     assert snake_beta(x.requires_grad_(), alpha, inv_beta) is None  # autograd keeps torch's graph
