@@ -62,7 +62,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench/load.py: the l
 
 import load
 from decoder_bench import attainable_gflops, best_time
-from talker_bench import frame_weight_bytes, read_bandwidth_gbs
+from talker_bench import dtype_and_quantization, frame_weight_bytes, read_bandwidth_gbs
 
 from decoder_service.model.dtype_probe import checkpoint_decoder_probe
 from qwen3_tts.dev_model import SIZES, make_dev_model
@@ -488,10 +488,10 @@ def main() -> None:
     print(json.dumps(report["machine"], indent=2), flush=True)
     measured: dict[tuple[str, str, str], str] = {}
     for name in opts.dtypes.split(","):
-        base, plus, quantization = ("float32+int8" if name == "int8" else name).partition("+")
-        if plus and quantization != "int8":
-            ap.error(f"--dtypes {name}: only +int8 quantizes")
-        quantization = quantization or "none"
+        try:
+            base, quantization = dtype_and_quantization(name)
+        except ValueError as exc:
+            ap.error(f"--dtypes {exc}")
         dtypes = RunDtypes.resolve(base, model, quantization)
         print(f"== --dtype {name} ({dtypes.label}, quantization {quantization})", flush=True)
         described = {"dtype": dtypes.talker, "decoder_dtype": dtypes.decoder}

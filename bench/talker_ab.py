@@ -32,7 +32,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from talker_bench import frame_weight_bytes, read_bandwidth_gbs
+from talker_bench import dtype_and_quantization, frame_weight_bytes, read_bandwidth_gbs
 
 from talker_service.engine.config import EngineConfig
 from talker_service.engine.dtype_probe import checkpoint_talker_probe, decode_step_runner
@@ -59,16 +59,13 @@ def main() -> None:
     runners, floors_bytes, kernels = {}, {}, {}
     for name in opts.variants.split(","):
         unfused = name.endswith("-unfused")
-        base = name.removesuffix("-unfused")
-        int8 = base == "int8" or base.endswith("+int8")
-        base = base.removesuffix("+int8") if base != "int8" else "float32"
-        engine = EngineConfig(quantization="int8" if int8 else "none")
-        probe = functools.partial(checkpoint_talker_probe, opts.model, engine)
+        base, quantization = dtype_and_quantization(name.removesuffix("-unfused"))
+        probe = functools.partial(
+            checkpoint_talker_probe, opts.model, EngineConfig(quantization=quantization)
+        )
         dtype = resolve_dtype(base, "cpu", probe)
         model = TalkerModel.from_checkpoint(opts.model, "cpu", getattr(torch, dtype))
-        kernels[name], _ = set_up_linears(
-            model.talker, "cpu", model.dtype, "auto", "int8" if int8 else "none", buckets
-        )
+        kernels[name], _ = set_up_linears(model.talker, "cpu", model.dtype, "auto", quantization, buckets)
         if unfused:
             for stack in model.talker.modules():
                 if (attribute := getattr(type(stack), "FUSED_STACK", None)) is not None:

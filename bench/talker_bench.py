@@ -75,6 +75,15 @@ def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
     return TalkerModel(config=ckpt, tokenizer=None, talker=talker, device=torch.device("cpu"), dtype=dtype)  # type: ignore[arg-type]
 
 
+def dtype_and_quantization(name: str) -> tuple[str, str]:
+    """A benchmark's dtype entry as (``--dtype``, ``--quantization``): ``int8`` is float32 with
+    int8 weights, ``DTYPE+int8`` (``auto+int8``) that dtype with them, any other a dtype alone."""
+    dtype, plus, quantization = ("float32+int8" if name == "int8" else name).partition("+")
+    if plus and quantization != "int8":
+        raise ValueError(f"{name}: only +int8 quantizes")
+    return dtype, quantization or "none"
+
+
 def frame_weight_bytes(talker: Talker) -> int:
     """Weight bytes one decode frame streams: the talker's layers and codec head once, the code
     predictor's layers, input projection and one head per codebook after the first (embedding
