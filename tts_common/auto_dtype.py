@@ -118,14 +118,14 @@ def _bf16_ratios(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -
     return ratios
 
 
-def _bf16_not_slower(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -> bool:
-    return all(r <= 1 + NOISE for r in _bf16_ratios(times, buckets))
+def _not_slower(ratios: list[float]) -> bool:
+    return all(r <= 1 + NOISE for r in ratios)
 
 
 def _bf16_kept(times: dict[str, dict[int, float]], buckets: tuple[int, ...]) -> bool:
     """Faster over the row counts (the mean of the ratios below 1) and slower at none."""
     ratios = _bf16_ratios(times, buckets)
-    return _bf16_not_slower(times, buckets) and sum(ratios) < len(ratios)
+    return _not_slower(ratios) and sum(ratios) < len(ratios)
 
 
 def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
@@ -152,7 +152,7 @@ def _timings(probe: StepProbe) -> dict[str, dict[int, float]]:
                 times[d][b] = min(times[d].get(b, float("inf")), probe.step_seconds(d, b))
                 if d == "bfloat16" and times[d][b] > DECISIVE * times["float32"][b]:
                     break
-            if d == "bfloat16" and not _bf16_not_slower(times, (b,)):
+            if d == "bfloat16" and not _not_slower(_bf16_ratios(times, (b,))):
                 break
     logger.info("--dtype auto on CPU, %s: measured in %.1f s", probe.stage, time.perf_counter() - t0)
     data = load_json(path)  # re-read: another stage may have stored its own meanwhile
