@@ -38,7 +38,7 @@ from pathlib import Path
 
 import torch
 
-from tts_common.cpu_info import cpu_flags, cpu_model
+from tts_common.cpu_info import cpu_flags, cpu_identity
 
 from .amx_int8_source import SOURCE as AMX_INT8_SOURCE
 from .amx_source import SOURCE as AMX_SOURCE
@@ -106,8 +106,8 @@ def _library() -> ctypes.CDLL | None:
         return None
     # -march=native compiles for this CPU's flags: hosts of one model name can differ in them (a
     # VM masking some, a generic name such as "AMD EPYC"), and a shared cache must not hand one a
-    # build with instructions it lacks.
-    key_parts = [LIBRARY_SOURCE, *CFLAGS, cc, cpu_model(), *sorted(cpu_flags())]
+    # build with instructions it lacks (cpu_identity: the name, generation and flags).
+    key_parts = [LIBRARY_SOURCE, *CFLAGS, cc, cpu_identity()]
     key = hashlib.sha256("\0".join(key_parts).encode()).hexdigest()[:16]
     target = cache_dir() / f"gemv-{key}.so"
     if not target.exists():
