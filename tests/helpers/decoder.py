@@ -1,8 +1,10 @@
-"""Decoder test helpers: the fixture tolerance, the fixture cases and a small random config."""
+"""Decoder test helpers: the fixture tolerance, the fixture cases, a small random config and the
+compiled SnakeBeta's tolerance."""
 
 from __future__ import annotations
 
 import numpy as np
+import torch
 
 from tests.helpers.fixtures import REFERENCE_DIR, load_requests
 from tts_common.config import CodecDecoderConfig
@@ -47,3 +49,10 @@ def small_config(**overrides: object) -> CodecDecoderConfig:
     }
     base.update(overrides)
     return CodecDecoderConfig(**base)
+
+
+def snake_tolerance(want: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
+    """How far the compiled SnakeBeta (tts_common.kernels.snake) may be from torch's float32
+    formula ``want``: two ulps of the result plus a few of the sine's square (at most 1) times
+    its channel's ``inv_beta`` [C]."""
+    return want.float().abs() * 2.0**-22 + inv_beta[None, :, None].abs() * 2.0**-21

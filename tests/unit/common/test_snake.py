@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.helpers.decoder import snake_tolerance
 from tts_common.kernels.gemv import gemv_available
 from tts_common.kernels.snake import snake_beta
 from tts_common.kernels.snake_source import LIMIT
@@ -21,11 +22,6 @@ def formula(x: torch.Tensor, alpha: torch.Tensor, inv_beta: torch.Tensor) -> tor
     """torch's float32 SnakeBeta (decoder_service's autograd path), rounded to ``x``'s dtype."""
     xf = x.float()
     return (xf + inv_beta[None, :, None] * torch.sin(xf * alpha[None, :, None]) ** 2).to(x.dtype)
-
-
-def tolerance(want: torch.Tensor, inv_beta: torch.Tensor) -> torch.Tensor:
-    """Two ulps of the result plus a few of the sine's square (at most 1) times its factor."""
-    return want.float().abs() * 2.0**-22 + inv_beta[None, :, None].abs() * 2.0**-21
 
 
 @st.composite
@@ -46,7 +42,7 @@ def test_float32_is_the_formula_within_the_sine_s_ulps(case: tuple[torch.Tensor,
     with torch.inference_mode():
         got, want = snake_beta(x, alpha, inv_beta), formula(x, alpha, inv_beta)
     assert got is not None and got.dtype == torch.float32
-    assert ((got - want).abs() <= tolerance(want, inv_beta)).all()
+    assert ((got - want).abs() <= snake_tolerance(want, inv_beta)).all()
 
 
 @settings(max_examples=40, deadline=None)
@@ -98,7 +94,7 @@ def test_edge_values_follow_torch() -> None:
     assert got is not None
     assert torch.equal(got.isnan(), want.isnan())
     finite = ~want.isnan()
-    assert ((got - want).abs()[finite] <= tolerance(want, one)[finite]).all()
+    assert ((got - want).abs()[finite] <= snake_tolerance(want, one)[finite]).all()
 
 
 def test_what_it_cannot_run_is_left_to_torch() -> None:

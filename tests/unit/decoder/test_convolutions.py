@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 from decoder_service.model import convolutions
 from decoder_service.model.convolutions import CausalConv1d, CausalConvTranspose1d, DecoderBlock, SnakeBeta
 from decoder_service.model.primitives import State
+from tests.helpers.decoder import snake_tolerance
 from tts_common.kernels.gemv import gemv_available
 
 ROUNDING = 1e-5  # float32, O(1) values: only the summation order differs from torch's ops
@@ -148,8 +149,7 @@ def test_snake_inference_paths_equal_the_formula(
     assert torch.equal(torch_path, want)
     if gemv_available():
         inv_beta = 1.0 / (snake.beta.exp() + 1e-9)
-        tolerance = want.abs() * 2.0**-22 + inv_beta[None, :, None].abs() * 2.0**-21
-        assert ((got - want).abs() <= tolerance).all()
+        assert ((got - want).abs() <= snake_tolerance(want, inv_beta)).all()
     for out in (got, torch_path):
         if channels > 1 and frames > 1:  # (otherwise both layouts are the same)
             assert _is_time_major(out) == time_major
