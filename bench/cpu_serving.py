@@ -4,7 +4,8 @@ implementation (when ``qwen_tts`` is importable), for each dtype, on one checkpo
 For every ``--dtypes`` entry (default ``float32,auto,int8``; ``auto`` resolved as the stages
 resolve it, by measuring each stage's step, so the talker and the decoder may differ; ``int8`` = float32 with ``--quantization int8``; ``<dtype>+int8``
 that dtype with ``--quantization int8``, e.g. ``auto+int8``: int8 weights, the activations and
-the decoder in the ``auto`` dtype):
+the decoder in the ``auto`` dtype; ``w8a8`` and ``<dtype>+w8a8`` likewise with ``--quantization
+w8a8``):
 
 * offline: ``qwen3_tts.offline.OfflineSynthesizer`` (the same engine and decoder in this
   process), its linear kernels chosen first for batches up to ``--batch`` (the kernel table is
@@ -449,7 +450,7 @@ def main() -> None:
     ap.add_argument(
         "--dtypes",
         default="float32,auto,int8",
-        help="float32, bfloat16, auto; int8 = float32 weights quantized; <dtype>+int8: that dtype, quantized",
+        help="float32, bfloat16, auto; int8 (w8a8) = float32 with that quantization; <dtype>+int8 (+w8a8): that dtype, quantized",
     )
     ap.add_argument("--batch", type=int, default=8, help="offline: requests at once against one")
     ap.add_argument("--repeats", type=int, default=3, help="offline: talker timings per figure (median)")

@@ -9,9 +9,10 @@ and the frames/s at ``--batch`` against 1 row.
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8-unfused,int8
     python bench/talker_ab.py --model .bench-cpu-serving/random_0b6 --variants int8,auto+int8
 
-``int8`` is float32 activations over int8 weights; ``DTYPE+int8`` (``auto+int8``,
-``bfloat16+int8``) the int8 weights under another dtype, as ``--dtype DTYPE --quantization int8``
-serves them (``auto`` resolved by the talker's probe of the int8 step).
+``int8`` is float32 activations over int8 weights, ``w8a8`` those weights with int8 activations
+(per token); ``DTYPE+int8`` (``auto+int8``, ``bfloat16+w8a8``) the quantization under another
+dtype, as ``--dtype DTYPE --quantization int8`` serves it (``auto`` resolved by the talker's
+probe of the quantized step).
 
 A variant with ``-unfused`` (``int8-unfused``, ``bfloat16-unfused``): the same kernels with the
 decoder stacks on the torch path (no fused stack forward: tts_common.kernels.fused_stack), the
@@ -48,7 +49,7 @@ def main() -> None:
     ap.add_argument(
         "--variants",
         default="float32,auto,int8",
-        help="dtypes (auto resolved), int8 or DTYPE+int8, each maybe -unfused",
+        help="dtypes (auto resolved), int8/w8a8 or DTYPE+int8/DTYPE+w8a8, each maybe -unfused",
     )
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=3, help="decode steps per timing")

@@ -76,11 +76,16 @@ def build_model(size: str, dtype: torch.dtype) -> TalkerModel:
 
 
 def dtype_and_quantization(name: str) -> tuple[str, str]:
-    """A benchmark's dtype entry as (``--dtype``, ``--quantization``): ``int8`` is float32 with
-    int8 weights, ``DTYPE+int8`` (``auto+int8``) that dtype with them, any other a dtype alone."""
-    dtype, plus, quantization = ("float32+int8" if name == "int8" else name).partition("+")
-    if plus and quantization != "int8":
-        raise ValueError(f"{name}: only +int8 quantizes")
+    """A benchmark's dtype entry as (``--dtype``, ``--quantization``): ``int8`` (``w8a8``) is
+    float32 with that quantization, ``DTYPE+int8`` (``auto+w8a8``) that dtype with it, any other a
+    dtype alone."""
+    if name in QUANTIZATION_CHOICES and name != "none":
+        name = f"float32+{name}"
+    dtype, plus, quantization = name.partition("+")
+    if plus and quantization not in QUANTIZATION_CHOICES[1:]:
+        raise ValueError(
+            f"{name}: +{quantization} is no quantization (choose from {', '.join(QUANTIZATION_CHOICES[1:])})"
+        )
     return dtype, quantization or "none"
 
 

@@ -27,6 +27,13 @@ leaves torch's ``nn.Linear``, the reference numerics).
 for the talker and the code predictor (:mod:`tts_common.kernels.candidates`); activations stay in
 float32. Its codes are not the float32 ones; the audio difference is reported by
 ``tests/unit/talker/test_quantization.py``.
+
+``--quantization w8a8`` (talker on CPU, opt-in): the same int8 weights, and each row of
+activations quantized on the fly to int8 with its own step (symmetric, per token), the integer
+products summed exactly (on AVX-512 VNNI, else in torch with the same bits). Lossier than
+``int8``; for batches: at 8 rows it reads the weights at about the speed one row does, where the
+weight-only kernels are bound by arithmetic on a CPU without AMX. Its audio difference is
+reported beside ``int8``'s.
 """
 
 from __future__ import annotations
@@ -47,7 +54,7 @@ DTYPE_CHOICES = ("auto", *DTYPES)
 """Values of ``--dtype``."""
 LINEAR_CHOICES = ("auto", "onednn", "gemv", "torch")
 """Values of the talker's ``--linear``."""
-QUANTIZATION_CHOICES = ("none", "int8")
+QUANTIZATION_CHOICES = ("none", "int8", "w8a8")
 """Values of the talker's ``--quantization``."""
 
 

@@ -69,7 +69,8 @@ class EngineConfig:
     buckets and cached per CPU model; onednn (pre-packed), gemv (ours), torch (tts_common/precision.py)."""
     quantization: str = field(default="none", metadata=flag(choices=QUANTIZATION_CHOICES))
     """CPU only: int8 = weight-only int8 (per-output-channel scales) for the talker and the code
-    predictor; codes differ from float32 (tts_common/precision.py)."""
+    predictor; w8a8 = those weights and int8 activations (per token), faster in batches, lossier;
+    codes differ from float32 (tts_common/precision.py)."""
     device: str = field(default="cpu", metadata=NOT_A_FLAG)
     dtype: str = field(default="float32", metadata=NOT_A_FLAG)
 

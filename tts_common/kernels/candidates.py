@@ -23,7 +23,13 @@ among them changes only the summation order (last bits), never the model:
   AMX-INT8 tiles: each row of activations as four int8 digits under a power-of-two scale, so
   its sums are exact integers and an activation is kept to 27 bits below its row's largest
   magnitude, :mod:`.amx_int8_source`; within float32 rounding of the others, closer to the
-  exact sum than they are).
+  exact sum than they are);
+* ``w8a8`` (``--quantization w8a8``): the int8 weights and scales of ``int8``, and each row of
+  activations quantized on the fly to int8 with its own step (symmetric, per token), summed
+  exactly in int32: ``torch-w8a8`` (:func:`.gemv.w8a8_reference`) and ``gemv-w8a8`` (ours on
+  AVX-512 VNNI, :mod:`.vnni_source`), the same bits. Lossier than ``int8`` (the activations
+  keep 8 bits against their row's largest), but at 8 rows one instruction takes 64 products
+  with no widening, where the weight-only kernels are bound by arithmetic.
 
 A kept kernel must be batch-invariant: a row's result never depends on the other rows of its
 batch (library kernels that take a separate path for a lone row run it as two rows, as
@@ -47,28 +53,41 @@ from tts_common.onednn_linear import ROW_HINT, onednn_linear_available, packed_l
 from .gemv import (
     GROUP,
     LIBRARY_SOURCE,
+    PackedWeight,
     amx_bf16_available,
     amx_int8_available,
     bf16_dot_available,
     gemv,
     gemv_available,
+    gemv_w8a8,
     kernel_k_group,
+    pack_w8a8,
     pack_weight,
+    vnni_available,
+    w8a8_reference,
 )
 
 FAMILIES: dict[str, tuple[str, ...]] = {
     "float32": ("torch-fp32", "onednn-fp32", "gemv-fp32"),
     "bfloat16": ("torch-bf16", "onednn-bf16", "gemv-bf16", "gemv-bf16dp", "gemvrow-bf16dp", "gemv-bf16amx"),
     "int8": ("torch-int8", "gemv-int8", "gemv-int8dp", "gemv-int8amx", "gemv-int8x4amx"),
+    "w8a8": ("torch-w8a8", "gemv-w8a8"),
 }
 """Candidate kernels of each family, the library default first."""
+QUANTIZED_FAMILIES = ("int8", "w8a8")
+"""The families of int8 weights (:func:`quantize_int8`), each a ``--quantization`` value."""
 BF16_ACTIVATIONS_ONLY = frozenset({"gemv-int8dp"})
 """int8 kernels that take bf16 activations: in a float32 model they would round them, so only a
 bfloat16 model's choice (:func:`family_kernels`) offers them."""
 NOT_BATCH_INVARIANT = frozenset({"torch-fp32"})
 """Kernels whose rows depend on their batch: measured, never chosen."""
 CANDIDATES = tuple(name for names in FAMILIES.values() for name in names)
-FAMILY_DTYPE = {"float32": torch.float32, "bfloat16": torch.bfloat16, "int8": torch.float32}
+FAMILY_DTYPE = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "int8": torch.float32,
+    "w8a8": torch.float32,
+}
 """The activation (model) dtype of each family."""
 
 
@@ -163,12 +182,31 @@ class TorchInt8Linear(KernelLinear):
         return y if self.bias is None else y + self.bias
 
 
+class TorchW8A8Linear(KernelLinear):
+    """int8 weights and per-row int8 activations in torch (:func:`.gemv.w8a8_reference`): the
+    ``w8a8`` family where our VNNI kernel is missing, with its bits."""
+
+    kernel = "torch-w8a8"
+
+    def __init__(self, linear: nn.Linear, quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
+        super().__init__(linear)
+        q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
+        self.register_buffer("weight", q)
+        self.register_buffer("scale", scale)
+        bias = linear.bias
+        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
+
+    def rows(self, x: torch.Tensor) -> torch.Tensor:
+        return w8a8_reference(x, self.weight, self.scale, self.bias)
+
+
 class GemvLinear(KernelLinear):
     """Our kernel (AVX-512 or AVX2) (:func:`.gemv.gemv`) on int8 (with scales), bfloat16 or
     float32 weights, packed once here (:func:`.gemv.pack_weight`; ``rows_layout``: kept as given,
     for the row-wise bf16 dot-product kernel); bf16 activations are widened to float32 and the
     result rounded back, as torch's bf16 GEMM does (the dot-product kernels take them as they
-    are; ``amx``: on AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles)."""
+    are; ``amx``: on AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles; ``a8``: int8 weights
+    and activations on AVX-512 VNNI, :func:`.gemv.gemv_w8a8`)."""
 
     def __init__(
         self,
@@ -179,12 +217,16 @@ class GemvLinear(KernelLinear):
         rows_layout: bool = False,
         amx: bool = False,
         x_digits: bool = False,
+        a8: bool = False,
     ) -> None:
         super().__init__(linear)
         self.bf16_dot, self.rows_layout, self.amx, self.x_digits = bf16_dot, rows_layout, amx, x_digits
+        self.a8 = a8
         if weight_dtype == torch.int8:
             self.kernel = (
-                "gemv-int8x4amx"
+                "gemv-w8a8"
+                if a8
+                else "gemv-int8x4amx"
                 if x_digits
                 else "gemv-int8amx"
                 if amx
@@ -210,7 +252,7 @@ class GemvLinear(KernelLinear):
             self.input_dtype = torch.bfloat16
             q, scale = linear.weight.detach().to(torch.bfloat16).contiguous(), None
         k_group = kernel_k_group(torch.bfloat16 if bf16_dot else torch.float32, q.dtype, amx, x_digits)
-        self._packed = None if rows_layout else pack_weight(q, k_group)
+        self._packed = None if rows_layout else pack_w8a8(q) if a8 else pack_weight(q, k_group)
         self.register_buffer("weight", q if rows_layout else self._packed.data)
         self.register_buffer("scale", scale)
         bias = linear.bias
@@ -225,6 +267,9 @@ class GemvLinear(KernelLinear):
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         weight = self.weight if self._packed is None else self._packed
+        if self.a8:
+            assert isinstance(weight, PackedWeight) and self.scale is not None
+            return gemv_w8a8(x.float(), weight, self.scale, self.bias)
         y = gemv(
             x if self.bf16_dot else x.float(),
             weight,
@@ -267,7 +312,7 @@ def fuse_outputs(layers: Sequence[nn.Module | None]) -> GemvLinear | None:
     fused.out_features = sum(layer.out_features for layer in parts)
     fused.kernel, fused.input_dtype = first.kernel, first.input_dtype
     fused.bf16_dot, fused.rows_layout, fused.amx = first.bf16_dot, False, first.amx
-    fused.x_digits = first.x_digits
+    fused.x_digits, fused.a8 = first.x_digits, first.a8
     weight = cat("weight")
     assert weight is not None
     fused._packed = dataclasses.replace(first._packed, data=weight, out_features=fused.out_features)
@@ -313,6 +358,8 @@ def candidate_available(name: str) -> bool:
         return amx_bf16_available()
     if name == "gemv-int8x4amx":
         return amx_int8_available()
+    if name == "gemv-w8a8":
+        return vnni_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":
@@ -347,6 +394,10 @@ def make_candidate(
         return GemvLinear(linear, torch.int8, quantized, amx=True)
     if name == "gemv-int8x4amx":
         return GemvLinear(linear, torch.int8, quantized, x_digits=True)
+    if name == "torch-w8a8":
+        return TorchW8A8Linear(linear, quantized)
+    if name == "gemv-w8a8":
+        return GemvLinear(linear, torch.int8, quantized, a8=True)
     if name == "gemv-bf16":
         return GemvLinear(linear, torch.bfloat16)
     if name == "gemv-bf16dp":
@@ -365,6 +416,7 @@ __all__ = [
     "FAMILY_DTYPE",
     "KernelLinear",
     "NOT_BATCH_INVARIANT",
+    "QUANTIZED_FAMILIES",
     "candidate_available",
     "family_kernels",
     "fuse_outputs",

@@ -28,11 +28,14 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from tts_common.precision import QUANTIZATION_CHOICES
+
 from .cache import load_json, machine_cache_file, store_json
 from .candidates import (
     FAMILIES,
     FAMILY_DTYPE,
     NOT_BATCH_INVARIANT,
+    QUANTIZED_FAMILIES,
     KernelLinear,
     candidate_available,
     family_kernels,
@@ -225,7 +228,7 @@ def use_kernels(module: nn.Module, table: KernelTable) -> Counter[str]:
             kernel = table.chosen.get(shape)
             if kernel is None:
                 continue
-            quantized = quantize_int8(child.weight) if table.family == "int8" else None
+            quantized = quantize_int8(child.weight) if table.family in QUANTIZED_FAMILIES else None
             layer = make_candidate(kernel, child, quantized)
             assert layer is not None  # measured, so available
             parent._modules[name] = layer
@@ -267,7 +270,7 @@ __all__ = [
 
 
 def _forced_kernel(linear: str, family: str) -> str:
-    suffix = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8"}[family]
+    suffix = {"float32": "fp32", "bfloat16": "bf16", "int8": "int8", "w8a8": "w8a8"}[family]
     kernel = f"{linear}-{suffix}"
     if kernel not in FAMILIES[family]:
         raise ValueError(
@@ -287,19 +290,21 @@ def set_up_linears(
     """Put the linear kernels of ``--linear``/``--quantization`` into ``module`` (a model about
     to decode at ``buckets`` rows); returns a one-line description and the measured table
     (``--linear auto``) or None. Raises ValueError for a combination that cannot run."""
-    if quantization not in ("none", "int8"):
-        raise ValueError(f"unknown quantization {quantization!r} (choose from none, int8)")
+    if quantization not in QUANTIZATION_CHOICES:
+        raise ValueError(
+            f"unknown quantization {quantization!r} (choose from {', '.join(QUANTIZATION_CHOICES)})"
+        )
     if torch.device(device).type != "cpu":
         if quantization != "none":
             raise ValueError(f"--quantization {quantization} runs on CPU only")
         return "torch (not on CPU)", None
-    if quantization == "int8":
-        family = "int8"
+    if quantization in QUANTIZED_FAMILIES:
+        family = quantization
     elif dtype in (torch.float32, torch.bfloat16):
         family = "float32" if dtype == torch.float32 else "bfloat16"
     else:
         return f"torch ({dtype} has no other CPU kernels)", None
-    if linear == "torch" and family != "int8":
+    if linear == "torch" and family not in QUANTIZED_FAMILIES:
         return "torch (nn.Linear)", None
     shapes = linear_shapes(module)
     if linear == "auto":

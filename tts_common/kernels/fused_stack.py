@@ -1,6 +1,7 @@
 """One compiled call for a whole decoder-stack forward (all layers and the final norm) on CPU,
 where every linear of the stack is one of our packed GEMV kernels: ``gemv-fp32`` (float32),
-``gemv-int8``, ``gemv-int8amx`` or ``gemv-int8x4amx`` (``--quantization int8``), ``gemv-bf16``,
+``gemv-int8``, ``gemv-int8amx`` or ``gemv-int8x4amx`` (``--quantization int8``), ``gemv-w8a8``
+(``--quantization w8a8``), ``gemv-bf16``,
 ``gemv-bf16dp`` or ``gemv-bf16amx`` (bfloat16).
 
 Why: at decode a released 0.6B frame is 28 talker layers once and 5 code-predictor layers 15
@@ -84,9 +85,10 @@ KINDS = {
     "gemv-int8x4amx": 5,
     "gemv-int8dp": 6,
     "gemv-fp32": 7,
+    "gemv-w8a8": 8,
 }
 """The packed GEMV kernels a fused stack runs (the C side's ``K_*``)."""
-FLOAT32_INPUT_KINDS = frozenset({"gemv-fp32", "gemv-int8", "gemv-int8amx", "gemv-int8x4amx"})
+FLOAT32_INPUT_KINDS = frozenset({"gemv-fp32", "gemv-int8", "gemv-int8amx", "gemv-int8x4amx", "gemv-w8a8"})
 """Those with float32 activations (float32 weights, or int8): the only ones a float32 stack can run."""
 
 
@@ -218,7 +220,7 @@ class FusedStack:
             torch.get_num_threads(),
         )
         if rc == 5:
-            raise MemoryError("fused stack: an int8 AMX kernel could not allocate its converted activations")
+            raise MemoryError("fused stack: an int8 kernel could not allocate its converted activations")
         if rc:
             raise ValueError(f"fused stack: {_ERRORS.get(rc, f'error {rc}')}")
         return out.to(dtype)  # exact: bf16 activations are rounded in C

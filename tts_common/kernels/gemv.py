@@ -33,7 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -48,15 +48,24 @@ from .pool_source import SOURCE as POOL_SOURCE
 from .snake_source import SOURCE as SNAKE_SOURCE
 from .stack_source import SOURCE as STACK_SOURCE
 from .vec_source import SOURCE as VEC_SOURCE
+from .vnni_source import SOURCE as VNNI_SOURCE
 
 logger = logging.getLogger(__name__)
 
 CFLAGS = ("-O3", "-march=native", "-pthread", "-shared", "-fPIC", "-std=gnu11")
 LIBRARY_SOURCE = (
-    VEC_SOURCE + POOL_SOURCE + GEMV_SOURCE + AMX_SOURCE + AMX_INT8_SOURCE + STACK_SOURCE + SNAKE_SOURCE
+    VEC_SOURCE
+    + POOL_SOURCE
+    + GEMV_SOURCE
+    + AMX_SOURCE
+    + AMX_INT8_SOURCE
+    + VNNI_SOURCE
+    + STACK_SOURCE
+    + SNAKE_SOURCE
 )
 """What the library compiles, in this order: the 16-lane vector on AVX-512 or AVX2
-(:mod:`.vec_source`), the work sharing (:mod:`.pool_source`), the GEMV kernels (:mod:`.gemv_source`, :mod:`.amx_source`, :mod:`.amx_int8_source`) and, calling them, the fused decoder stack
+(:mod:`.vec_source`), the work sharing (:mod:`.pool_source`), the GEMV kernels (:mod:`.gemv_source`,
+:mod:`.amx_source`, :mod:`.amx_int8_source`, :mod:`.vnni_source`) and, calling them, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`), and the codec decoder's SnakeBeta activation
 (:mod:`.snake_source`, :mod:`.snake`): one library, one worker pool per process."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
@@ -128,7 +137,7 @@ def _library() -> ctypes.CDLL | None:
             return None
     lib = ctypes.CDLL(str(target))
     args = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
-    allocating = ("gemv_i8amx", "gemv_i8x4amx")  # these return -1 where out of memory
+    allocating = ("gemv_i8amx", "gemv_i8x4amx", "gemv_i8a8")  # these return -1 where out of memory
     names = (
         "gemv_f32",
         "gemv_i8",
@@ -185,6 +194,13 @@ def amx_int8_available() -> bool:
     return amx_bf16_available() and "amx_int8" in cpu_flags() and bool(_library().has_amx_int8())  # type: ignore[union-attr]
 
 
+def vnni_available() -> bool:
+    """Whether the kernel has the int8-activations kernel (:func:`gemv_w8a8`): built with
+    AVX-512 VNNI, on a CPU that has it."""
+    lib = _library()
+    return lib is not None and "avx512_vnni" in cpu_flags() and bool(lib.has_vnni())
+
+
 def gemv_available() -> bool:
     """Whether the compiled kernel runs on this machine."""
     return _library() is not None
@@ -201,6 +217,9 @@ GROUP = 16
 X4_MAX_IN_FEATURES = 131072
 """Input features the AMX-INT8 kernel takes: its int32 sums of int8 products (each at most
 127 * 127 in size) stay exact up to 2^31 / 127^2 = 133144 of them."""
+A8_MAX_IN_FEATURES = 65536
+"""Input features :func:`gemv_w8a8` takes: its int32 sums of offset weights (at most 255) times
+int8 activations (at most 127) stay exact up to 2^31 / (255 * 127) = 66311 of them."""
 K_GROUP_PAD = {1: 1, 2: 2, 4: 64}
 """What the input features are zero-padded to a multiple of, by ``k_group``: pairs of k for the
 bf16 dot product, whole 64-k tile blocks for the AMX-INT8 kernel."""
@@ -340,6 +359,79 @@ def gemv(
     return y
 
 
+def pack_w8a8(q: torch.Tensor) -> PackedWeight:
+    """An int8 [N, K] weight (:func:`.candidates.quantize_int8`) in :func:`gemv_w8a8`'s layout:
+    quads of k (``k_group=4``), each byte offset by 128 (``w + 128`` as an unsigned byte, stored
+    in the int8 tensor; padding too, where the activations are zero)."""
+    packed = pack_weight(q, k_group=4)
+    return replace(packed, data=(packed.data.view(torch.uint8) ^ 0x80).view(torch.int8))
+
+
+def gemv_w8a8(
+    x: torch.Tensor, weight: PackedWeight, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """``x`` float32 [R, K] quantized per row to int8, times the int8 ``weight`` (:func:`pack_w8a8`)
+    with per-channel ``scale`` (float32 [N]), plus ``bias`` (float32 [N] or None), on AVX-512 VNNI
+    (:func:`vnni_available`; :mod:`.vnni_source`). Returns float32 [R, N], the bits of
+    :func:`w8a8_reference`."""
+    lib = _library()
+    if lib is None or not vnni_available():
+        raise RuntimeError("the GEMV kernel has no AVX-512 VNNI on this machine (see vnni_available)")
+    rows, k = x.shape
+    if (
+        x.dtype != torch.float32
+        or weight.dtype != torch.int8
+        or weight.k_group != 4
+        or k != weight.in_features
+    ):
+        raise ValueError(
+            f"x {tuple(x.shape)} {x.dtype} does not fit the packed w8a8 weight [{weight.out_features}, {weight.in_features}]"
+        )
+    if k > A8_MAX_IN_FEATURES:
+        raise ValueError(f"the w8a8 kernel sums at most {A8_MAX_IN_FEATURES} input features (got {k})")
+    x = x.contiguous()
+    y = torch.empty(rows, weight.out_features, dtype=torch.float32)
+    status = lib.gemv_i8a8(
+        x.data_ptr(),
+        weight.data.data_ptr(),
+        scale.data_ptr(),
+        _ptr(bias),
+        y.data_ptr(),
+        rows,
+        k,
+        weight.out_features,
+        torch.get_num_threads(),
+    )
+    if status:
+        raise MemoryError("the w8a8 kernel could not allocate its quantized activations")
+    return y
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row of float32 ``x`` [R, K] as int8: ``(q, step)`` with ``step = max|x_row| / 127``
+    and ``q = round_half_even(x / step)`` in [-127, 127] (float32 arithmetic, as the kernel).
+    A row whose step is zero quantizes to zeros; a row with a non-finite value gets a NaN step."""
+    step = x.abs().amax(dim=1) / 127.0
+    finite = torch.isfinite(x).all(dim=1)
+    usable = finite & (step > 0)
+    safe = torch.where(usable, step, torch.ones_like(step))
+    q = torch.where(usable[:, None], torch.round(x / safe[:, None]).clamp(-127, 127), torch.zeros_like(x))
+    step = torch.where(usable, step, torch.zeros_like(step))
+    return q.to(torch.int8), torch.where(finite, step, torch.full_like(step, float("nan")))
+
+
+def w8a8_reference(
+    x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """:func:`gemv_w8a8` in torch (the same bits): ``x`` float32 [R, K], ``q`` int8 [N, K] and
+    its ``scale`` float32 [N] (:func:`.candidates.quantize_int8`). The integer sums are exact in
+    float64 (each under 2^53), then rounded once to float32 as the kernel's conversion does."""
+    xq, step = quantize_rows(x.float())
+    sums = (xq.double() @ q.double().T).float()
+    y = sums * (step[:, None] * scale[None, :])
+    return y if bias is None else y + bias
+
+
 def gemv_reference(
     x: torch.Tensor, weight: torch.Tensor, scale: torch.Tensor | None = None, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
@@ -353,6 +445,7 @@ def gemv_reference(
 
 
 __all__ = [
+    "A8_MAX_IN_FEATURES",
     "LIBRARY_SOURCE",
     "X4_MAX_IN_FEATURES",
     "PackedWeight",
@@ -363,8 +456,13 @@ __all__ = [
     "gemv",
     "gemv_available",
     "gemv_reference",
+    "gemv_w8a8",
     "kernel_k_group",
     "library",
     "library_isa",
+    "pack_w8a8",
     "pack_weight",
+    "quantize_rows",
+    "vnni_available",
+    "w8a8_reference",
 ]

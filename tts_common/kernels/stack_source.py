@@ -1,8 +1,8 @@
 """C source of the fused decoder-stack forward (see :mod:`tts_common.kernels.fused_stack`).
 
 Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
-calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp`` and the AMX kernels
-directly and shares their worker pool (``share``), so a process has one library and one pool.
+calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp``, the AMX kernels and
+``gemv_i8a8`` (:mod:`.vnni_source`) directly and shares their worker pool (``share``), so a process has one library and one pool.
 
 ``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
 new tokens, float32 or bfloat16 activations (held as float32, rounded to bf16 wherever the torch
@@ -33,7 +33,7 @@ enum {
        P_GU_* is gate, and these the other parts; P_K_W / P_UP_W NULL where fused */
     P_K_W, P_K_SCALE, P_K_BIAS, P_V_W, P_V_SCALE, P_V_BIAS, P_UP_W, P_UP_SCALE, P_COUNT
 };
-enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4, K_I8X4AMX = 5, K_I8DP = 6, K_F32 = 7 };
+enum { K_I8 = 0, K_BF16 = 1, K_BF16DP = 2, K_I8AMX = 3, K_BF16AMX = 4, K_I8X4AMX = 5, K_I8DP = 6, K_F32 = 7, K_I8A8 = 8 };
 
 typedef struct {
     int layers, hidden, heads, kv_heads, head_dim, inter;
@@ -226,10 +226,15 @@ static void round_rows(float* y, long n, int bf16) {
 #else
 #define STACK_HAS_AMX_INT8 0
 #endif
+#if VEC_AVX512 && defined(__AVX512VNNI__)
+#define STACK_HAS_VNNI 1
+#else
+#define STACK_HAS_VNNI 0
+#endif
 
 /* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
    room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
-   kernel is not in this build, or 5 where an int8 AMX kernel could not allocate. */
+   kernel is not in this build, or 5 where an allocating int8 kernel (AMX, VNNI) could not allocate. */
 static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, const void* w, const void* scale,
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
     const float* sc = (const float*)scale;
@@ -249,6 +254,12 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
     } else if (kind == K_I8X4AMX) {
 #if STACK_HAS_AMX_INT8
         if (gemv_i8x4amx(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
+#else
+        return 4;
+#endif
+    } else if (kind == K_I8A8) {
+#if STACK_HAS_VNNI
+        if (gemv_i8a8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
 #else
         return 4;
 #endif
@@ -336,7 +347,7 @@ long stack_workspace(const stack_desc* d, int R) {
    or bf16). Returns 0, or 1 for a position outside [0, max_len), 2 for a slot outside
    [0, num_slots), 3 for a head_dim over 1024, query heads not a multiple of the kv heads or more
    than 64 to a kv head (all checked before anything is written), 4 for a kernel not built here,
-   5 where an int8 AMX kernel could not allocate (the cache may then hold this call's first
+   5 where an allocating int8 kernel could not allocate (the cache may then hold this call's first
    layers' K/V, which the next write at these positions replaces). */
 int stack_forward(const stack_desc* d, const float* x_in, float* out, const float* cos_t, const float* sin_t,
                   const int64_t* positions, const int64_t* slots, int B, int S,
@@ -346,12 +357,13 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
     if (hd > 1024 || heads % kv || heads / kv > 64) return 3;
     for (int i = 0; i < d->layers * KINDS_PER_LAYER; ++i) {
         int kind = d->kinds[i];
-        if (kind < K_I8 || kind > K_F32) return 4;
+        if (kind < K_I8 || kind > K_I8A8) return 4;
 #ifndef __AVX512BF16__
         if (kind == K_BF16DP || kind == K_I8DP) return 4;
 #endif
         if (!STACK_HAS_AMX && (kind == K_I8AMX || kind == K_BF16AMX)) return 4;
         if (!STACK_HAS_AMX_INT8 && kind == K_I8X4AMX) return 4;
+        if (!STACK_HAS_VNNI && kind == K_I8A8) return 4;
     }
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;

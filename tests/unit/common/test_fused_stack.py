@@ -16,7 +16,13 @@ from talker_service.model.layers import Attention, AttentionSpec, DecoderStack
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.kernels.candidates import candidate_available
 from tts_common.kernels.choice import KernelTable, linear_shapes, use_kernels
-from tts_common.kernels.gemv import amx_bf16_available, amx_int8_available, bf16_dot_available, library
+from tts_common.kernels.gemv import (
+    amx_bf16_available,
+    amx_int8_available,
+    bf16_dot_available,
+    library,
+    vnni_available,
+)
 from tts_common.layers import GatedMLP
 
 pytestmark = [
@@ -55,6 +61,15 @@ FAMILIES = {
             "int8-mixed-x4": (torch.float32, "gemv-int8x4amx+gemv-int8"),
         }
         if amx_int8_available()
+        else {}
+    ),
+    **(
+        {
+            "w8a8": (torch.float32, "gemv-w8a8"),
+            "w8a8-bf16": (torch.bfloat16, "gemv-w8a8"),
+            "w8a8-split": (torch.float32, "gemv-w8a8"),
+        }
+        if vnni_available()
         else {}
     ),
 }
@@ -98,7 +113,14 @@ def _stack(
         stack = stack.to(dtype)
         from_hidden, others = (kernel.split("+") * 2)[:2]
         table = KernelTable(
-            "int8" if "int8" in kernel else "float32" if dtype == torch.float32 else "bfloat16", (1,)
+            "w8a8"
+            if "w8a8" in kernel
+            else "int8"
+            if "int8" in kernel
+            else "float32"
+            if dtype == torch.float32
+            else "bfloat16",
+            (1,),
         )
         table.chosen = {
             shape: from_hidden if shape[0] == hidden else others for shape in linear_shapes(stack)
@@ -190,7 +212,9 @@ def test_fused_stack_matches_the_torch_path_with_the_same_kernels(call) -> None:
     spec = _spec(positions, slots)
     got, got_k, got_v = _run(stack, x, k, v, spec, fused=True)
     want, want_k, want_v = _run(stack, x, k, v, spec, fused=False)
-    rtol, atol = TOLERANCE[x.dtype]
+    # w8a8 quantizes each activation: a last-bit difference that moves one across half a step
+    # moves it a whole step, a bf16-sized change (loose, as bfloat16's).
+    rtol, atol = TOLERANCE[torch.bfloat16 if "w8a8" in cfg[-1] else x.dtype]
     assert got.dtype == want.dtype and got_k.dtype == want_k.dtype
     torch.testing.assert_close(got, want, rtol=rtol, atol=atol)
     # Every K/V written where the torch path writes it (and nothing else touched).

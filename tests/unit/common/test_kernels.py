@@ -26,6 +26,7 @@ from tts_common.kernels.candidates import (
     quantize_int8,
 )
 from tts_common.kernels.gemv import (
+    A8_MAX_IN_FEATURES,
     X4_MAX_IN_FEATURES,
     amx_bf16_available,
     amx_int8_available,
@@ -33,8 +34,13 @@ from tts_common.kernels.gemv import (
     gemv,
     gemv_available,
     gemv_reference,
+    gemv_w8a8,
     kernel_k_group,
+    pack_w8a8,
     pack_weight,
+    quantize_rows,
+    vnni_available,
+    w8a8_reference,
 )
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -50,8 +56,11 @@ TOLERANCE = {
     "int8amx": 2e-2,
     "int8x4amx": 2e-2,
     "int8dp": 2e-2,
+    "w8a8": 3e-2,
 }
-"""Relative tolerance against float32 nn.Linear, by the kernel's precision."""
+"""Relative tolerance against float32 nn.Linear, by the kernel's precision (w8a8: each activation
+also within half a step of its row's largest / 127)."""
+NO_VNNI = "no AVX-512 VNNI on this CPU (or no kernel library): the w8a8 kernel cannot run"
 
 
 @pytest.fixture(autouse=True)
@@ -196,6 +205,118 @@ def test_int8_digits_kernel_refuses_more_input_features_than_its_int32_sums_hold
     weight, scale = torch.ones(16, k, dtype=torch.int8), torch.ones(16)
     with pytest.raises(ValueError, match="at most"):
         gemv(torch.ones(1, k), weight, scale, x_digits=True)
+
+
+def _w8a8_case(rows: int, fan_in: int, fan_out: int, spread: int, special: str, seed: int):  # type: ignore[no-untyped-def]
+    """Rows spanning 2^±spread in magnitude, int8 weights, a bias; row ``rows // 2`` made special:
+    all zero, or holding a NaN or an infinity, or tiny (its step underflows to zero)."""
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(rows, fan_in, generator=g) * torch.exp2(
+        torch.randint(-spread, spread + 1, (rows, fan_in), generator=g).float()
+    )
+    odd = rows // 2
+    if special == "zero":
+        x[odd] = 0.0
+    elif special == "tiny":
+        x[odd] = 1e-44
+    elif special != "none":
+        x[odd, fan_in // 2] = float("nan") if special == "nan" else -float("inf")
+    weight, scale = quantize_int8(torch.randn(fan_out, fan_in, generator=g))
+    return x, weight, scale, torch.randn(fan_out, generator=g), odd
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 9),
+    fan_in=st.integers(1, 300),
+    spread=st.integers(0, 30),
+    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
+    seed=st.integers(0, 2**16),
+)
+def test_w8a8_activations_are_within_half_a_step_of_their_rows_largest(
+    rows: int, fan_in: int, spread: int, special: str, seed: int
+) -> None:
+    # Per token: step = max|x_row| / 127 and q = round(x / step) in [-127, 127]; a row's largest
+    # is +-127 steps, a zero or underflowing row all zeros, a non-finite one a NaN step.
+    x, *_, odd = _w8a8_case(rows, fan_in, 1, spread, special, seed)
+    q, step = quantize_rows(x)
+    assert q.dtype == torch.int8 and q.abs().max() <= 127
+    fine = [r for r in range(rows) if r != odd or special == "none"]
+    err = (q[fine].double() * step[fine, None].double() - x[fine].double()).abs()
+    assert err.le(step[fine, None].double() * (0.5 + 2**-16)).all()  # x / step rounds in float32
+    assert (q[fine].abs().amax(1) == 127).all()
+    if special in ("zero", "tiny"):
+        assert step[odd] == 0 and not q[odd].any()
+    if special in ("nan", "inf"):
+        assert step[odd].isnan()
+
+
+@settings(max_examples=30, deadline=None)
+@given(
+    rows=st.integers(1, 17),
+    fan_in=st.integers(1, 300),
+    fan_out=st.integers(1, 40),
+    spread=st.integers(0, 30),
+    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
+    bias=st.booleans(),
+    seed=st.integers(0, 2**16),
+)
+def test_w8a8_reference_is_the_exact_sum_of_the_quantized_activations(
+    rows: int, fan_in: int, fan_out: int, spread: int, special: str, bias: bool, seed: int
+) -> None:
+    # The integer sums exact, then three roundings (to float32, the scales, the bias): within
+    # float32 rounding of the exact product of the quantized activations and weights.
+    x, weight, scale, b, odd = _w8a8_case(rows, fan_in, fan_out, spread, special, seed)
+    b = b if bias else None
+    got = w8a8_reference(x, weight, scale, b)
+    q, step = quantize_rows(x)
+    exact = (q.double() * step.double()[:, None]) @ (weight.double() * scale.double()[:, None]).T
+    rounding = 2.0**-22 * (exact.abs() + (exact + (0 if b is None else b.double())).abs())
+    exact = exact + (0 if b is None else b.double())
+    assert got.dtype == torch.float32
+    finite = [r for r in range(rows) if not (special in ("nan", "inf") and r == odd)]
+    assert (got[finite].double() - exact[finite]).abs().le(rounding[finite] + 1e-30).all()
+    if special in ("nan", "inf"):
+        assert got[odd].isnan().all()
+
+
+@pytest.mark.skipif(not vnni_available(), reason=NO_VNNI)
+@settings(max_examples=40, deadline=None)
+@given(
+    rows=st.integers(1, 17),
+    fan_in=st.integers(1, 300),
+    fan_out=st.integers(1, 40),
+    spread=st.integers(0, 30),
+    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
+    bias=st.booleans(),
+    threads=st.integers(1, 3),
+    seed=st.integers(0, 2**16),
+)
+def test_w8a8_kernel_has_its_references_bits_alone_in_any_batch_and_split(
+    rows: int, fan_in: int, fan_out: int, spread: int, special: str, bias: bool, threads: int, seed: int
+) -> None:
+    x, weight, scale, b, _ = _w8a8_case(rows, fan_in, fan_out, spread, special, seed)
+    b = b if bias else None
+    packed = pack_w8a8(weight)
+    want = w8a8_reference(x, weight, scale, b).view(torch.int32)  # NaN bits too
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        assert torch.equal(gemv_w8a8(x, packed, scale, b).view(torch.int32), want)
+        for r in range(rows):
+            assert torch.equal(
+                gemv_w8a8(x[r : r + 1], packed, scale, b).view(torch.int32), want[r : r + 1]
+            ), r
+    finally:
+        torch.set_num_threads(before)
+
+
+@pytest.mark.skipif(not vnni_available(), reason=NO_VNNI)
+def test_w8a8_kernel_refuses_more_input_features_than_its_int32_sums_hold() -> None:
+    k = A8_MAX_IN_FEATURES + 1
+    weight, scale = torch.ones(16, k, dtype=torch.int8), torch.ones(16)
+    with pytest.raises(ValueError, match="at most"):
+        gemv_w8a8(torch.ones(1, k), pack_w8a8(weight), scale)
 
 
 @pytest.mark.parametrize("kernel", AVAILABLE)
@@ -414,7 +535,15 @@ def test_gemv_build_is_keyed_by_the_cpu_flags_not_only_its_model_name(kernel_cac
 
 FUSABLE_KERNELS = [
     k
-    for k in ("gemv-int8", "gemv-bf16", "gemv-bf16dp", "gemv-bf16amx", "gemv-int8amx", "gemv-int8x4amx")
+    for k in (
+        "gemv-int8",
+        "gemv-bf16",
+        "gemv-bf16dp",
+        "gemv-bf16amx",
+        "gemv-int8amx",
+        "gemv-int8x4amx",
+        "gemv-w8a8",
+    )
     if candidate_available(k)
 ]
 

@@ -13,11 +13,22 @@ from talker_service.model.loader import TalkerModel
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.auto_dtype import CANDIDATES, measured_cpu_dtype, probe_cache_path
 from tts_common.kernels.cache import CACHE_ENV
+from tts_common.kernels.gemv import vnni_available
 
 CKPT = CKPT_DIR / "tiny_custom_voice"
 
 
-@pytest.mark.parametrize("quantization", ["none", "int8"])
+@pytest.mark.parametrize(
+    "quantization",
+    [
+        "none",
+        "int8",
+        pytest.param(
+            "w8a8",
+            marks=pytest.mark.skipif(not vnni_available(), reason="no AVX-512 VNNI: no w8a8 GEMV to force"),
+        ),
+    ],
+)
 def test_the_probe_times_decode_steps_of_the_checkpoint_with_the_engine_kernels(
     quantization: str, tmp_path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -25,7 +25,7 @@ from tests.helpers.fixtures import fixture_prompt_inputs
 from tests.helpers.talker import generate
 from tts_common.kernels.candidates import KernelLinear
 from tts_common.kernels.choice import set_up_linears
-from tts_common.kernels.gemv import gemv_available
+from tts_common.kernels.gemv import gemv_available, vnni_available
 from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
 from tts_common.synthesis import SamplingParams
 
@@ -164,6 +164,13 @@ def test_greedy_codes_alone_with_our_float32_gemv_and_fused_stacks(name: str) ->
         ("float32", "none", "auto"),
         ("bfloat16", "none", "auto"),
         ("float32", "int8", "auto"),
+        ("float32", "w8a8", "auto"),
+        pytest.param(
+            "float32",
+            "w8a8",
+            "gemv",
+            marks=pytest.mark.skipif(not vnni_available(), reason="no AVX-512 VNNI: no w8a8 GEMV"),
+        ),
         *(
             pytest.param(
                 dtype,
@@ -180,7 +187,8 @@ def test_greedy_codes_alone_with_our_float32_gemv_and_fused_stacks(name: str) ->
 def test_decode_step_is_batch_invariant_to_the_bit(dtype: str, quantization: str, linear: str) -> None:
     """Rows at the same position get the same bits alone and batched, with the kernels an engine
     chooses on CPU (``--linear auto``) for each dtype and quantization, and with our int8 or bf16
-    GEMV everywhere (``--linear gemv``: float32, int8 or bf16 weights), where the talker and the
+    GEMV everywhere (``--linear gemv``: float32, int8 or bf16 weights; int8 weights and
+    activations, w8a8), where the talker and the
     code predictor each run as one fused stack call (tts_common.kernels.fused_stack).
 
     The linears and the code predictor are batch-invariant (tts_common.kernels). A row shorter
