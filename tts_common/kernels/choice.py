@@ -306,6 +306,11 @@ def set_up_linears(
         return f"torch ({dtype} has no other CPU kernels)", None
     if linear == "torch" and family not in QUANTIZED_FAMILIES:
         return "torch (nn.Linear)", None
+    if family == "w8a8" and not candidate_available("gemv-w8a8"):
+        logger.warning(
+            "--quantization w8a8 without our AVX-512 VNNI kernel (this CPU or build lacks it) runs "
+            "in torch's int8 GEMM, many times slower than --quantization int8 here"
+        )
     shapes = linear_shapes(module)
     if linear == "auto":
         table = measure_kernels(shapes, family, buckets, kernels=family_kernels(family, dtype))

@@ -37,6 +37,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
+import torch.nn.functional as F
 
 from tts_common.cpu_info import cpu_flags, cpu_identity
 
@@ -424,10 +425,14 @@ def w8a8_reference(
     x: torch.Tensor, q: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """:func:`gemv_w8a8` in torch (the same bits): ``x`` float32 [R, K], ``q`` int8 [N, K] and
-    its ``scale`` float32 [N] (:func:`.candidates.quantize_int8`). The integer sums are exact in
-    float64 (each under 2^53), then rounded once to float32 as the kernel's conversion does."""
+    its ``scale`` float32 [N] (:func:`.candidates.quantize_int8`). The integer sums are exact
+    (``torch._int_mm``: int32, as the kernel's), then rounded once to float32 as the kernel's
+    conversion does. Slow (torch's int8 GEMM on CPU reads ~0.5 GB/s of weights): the family's
+    fallback where the CPU has no VNNI, and the tests' reference."""
     xq, step = quantize_rows(x.float())
-    sums = (xq.double() @ q.double().T).float()
+    if xq.shape[1] == 1:  # torch 2.13's CPU _int_mm sums wrongly over one input feature: pad a zero
+        xq, q = F.pad(xq, (0, 1)), F.pad(q, (0, 1))
+    sums = torch._int_mm(xq, q.T).float()
     y = sums * (step[:, None] * scale[None, :])
     return y if bias is None else y + bias
 

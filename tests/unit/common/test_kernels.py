@@ -270,7 +270,8 @@ def test_w8a8_reference_is_the_exact_sum_of_the_quantized_activations(
     b = b if bias else None
     got = w8a8_reference(x, weight, scale, b)
     q, step = quantize_rows(x)
-    exact = (q.double() * step.double()[:, None]) @ (weight.double() * scale.double()[:, None]).T
+    sums = (q.long() @ weight.long().T).double()  # in integers: a cancelling sum is exactly 0
+    exact = sums * step.double()[:, None] * scale.double()[None, :]
     rounding = 2.0**-22 * (exact.abs() + (exact + (0 if b is None else b.double())).abs())
     exact = exact + (0 if b is None else b.double())
     assert got.dtype == torch.float32
@@ -446,6 +447,28 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "onednn", "int8", (1,))
     plain = nn.Linear(4, 4)
     assert choice.set_up_linears(plain, "cpu", torch.float32, "torch", "none", (1,))[0].startswith("torch")
+    with pytest.raises(ValueError, match="choose from none, int8, w8a8"):
+        choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "auto", "int4", (1,))
+
+
+def test_w8a8_without_our_vnni_kernel_runs_its_torch_twin_and_says_it_is_slow(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    # A CPU without AVX-512 VNNI: the same bits from torch's int8 GEMM, and a warning to pick int8.
+    from tts_common.kernels import candidates
+
+    available = candidates.candidate_available
+    monkeypatch.setattr(
+        candidates, "candidate_available", lambda name: name != "gemv-w8a8" and available(name)
+    )
+    monkeypatch.setattr(choice, "candidate_available", candidates.candidate_available)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 16, bias=False))
+    x = torch.randn(3, 16)
+    want = model(x)
+    with caplog.at_level("WARNING", logger=choice.__name__):
+        described, _ = choice.set_up_linears(model, "cpu", torch.float32, "auto", "w8a8", (1, 2))
+    assert "slower than --quantization int8" in caplog.text
+    assert {m.kernel for m in model.modules() if hasattr(m, "kernel")} == {"torch-w8a8"}, described
+    with torch.inference_mode():
+        torch.testing.assert_close(model(x), want, rtol=0.05, atol=0.05 * float(want.abs().max()))
 
 
 @pytest.mark.parametrize(
