@@ -182,19 +182,12 @@ class TorchInt8Linear(KernelLinear):
         return y if self.bias is None else y + self.bias
 
 
-class TorchW8A8Linear(KernelLinear):
+class TorchW8A8Linear(TorchInt8Linear):
     """int8 weights and per-row int8 activations in torch (:func:`.gemv.w8a8_reference`): the
-    ``w8a8`` family where our VNNI kernel is missing, with its bits."""
+    ``w8a8`` family where our VNNI kernel is missing, with its bits (the int8 weights, scales and
+    bias as :class:`TorchInt8Linear` holds them)."""
 
     kernel = "torch-w8a8"
-
-    def __init__(self, linear: nn.Linear, quantized: tuple[torch.Tensor, torch.Tensor] | None = None) -> None:
-        super().__init__(linear)
-        q, scale = quantized if quantized is not None else quantize_int8(linear.weight)
-        self.register_buffer("weight", q)
-        self.register_buffer("scale", scale)
-        bias = linear.bias
-        self.register_buffer("bias", None if bias is None else bias.detach().float().contiguous())
 
     def rows(self, x: torch.Tensor) -> torch.Tensor:
         return w8a8_reference(x, self.weight, self.scale, self.bias)

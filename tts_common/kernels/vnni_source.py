@@ -23,7 +23,7 @@ outputs, ``Kp`` = K rounded up to 64, zero-padded before the offset): one 64-byt
 outputs x 4 k, one instruction's operand.
 
 A row with a non-finite value gives NaN outputs; a row whose step underflows to zero (all
-``|x| < 127 * 2^-149``) gives the bias. Compiled after :mod:`.gemv_source` (``G``, ``RB``) and
+``|x| < 127 * 2^-149``) gives the bias. Compiled after :mod:`.gemv_source` (``G``, ``RB``, ``row_largest_magnitude``) and
 :mod:`.vec_source` (``tail_mask``); where the build lacks AVX-512 VNNI only ``has_vnni``
 (returning 0) is defined.
 """
@@ -48,14 +48,8 @@ static void quantize_rows(const float* x, int8_t* q, float* step, int32_t* offse
     for (int r = 0; r < R; ++r) {
         const float* xr = x + (long)r * K;
         int8_t* qr = q + (long)r * Kp;
-        __m512 m = _mm512_setzero_ps();
-        __mmask16 bad = 0;
-        for (int k = 0; k < K; k += 16) {
-            __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), xr + k));
-            bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf, NaN */
-            m = _mm512_max_ps(m, v);
-        }
-        float s = _mm512_reduce_max_ps(m) / 127.0f;
+        int bad;
+        float s = row_largest_magnitude(xr, K, &bad) / 127.0f;
         if (bad || s == 0.0f) {
             step[r] = bad ? NAN : 0.0f;
             offset[r] = 0;

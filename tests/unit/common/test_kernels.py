@@ -225,20 +225,25 @@ def _w8a8_case(rows: int, fan_in: int, fan_out: int, spread: int, special: str, 
     return x, weight, scale, torch.randn(fan_out, generator=g), odd
 
 
+W8A8_CASES = {
+    "rows": st.integers(1, 17),
+    "fan_in": st.integers(1, 300),
+    "fan_out": st.integers(1, 40),
+    "spread": st.integers(0, 30),
+    "special": st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
+    "seed": st.integers(0, 2**16),
+}
+"""Hypothesis strategies for :func:`_w8a8_case`'s arguments."""
+
+
 @settings(max_examples=40, deadline=None)
-@given(
-    rows=st.integers(1, 9),
-    fan_in=st.integers(1, 300),
-    spread=st.integers(0, 30),
-    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
-    seed=st.integers(0, 2**16),
-)
+@given(**W8A8_CASES)
 def test_w8a8_activations_are_within_half_a_step_of_their_rows_largest(
-    rows: int, fan_in: int, spread: int, special: str, seed: int
+    rows: int, fan_in: int, fan_out: int, spread: int, special: str, seed: int
 ) -> None:
     # Per token: step = max|x_row| / 127 and q = round(x / step) in [-127, 127]; a row's largest
     # is +-127 steps, a zero or underflowing row all zeros, a non-finite one a NaN step.
-    x, *_, odd = _w8a8_case(rows, fan_in, 1, spread, special, seed)
+    x, *_, odd = _w8a8_case(rows, fan_in, fan_out, spread, special, seed)
     q, step = quantize_rows(x)
     assert q.dtype == torch.int8 and q.abs().max() <= 127
     fine = [r for r in range(rows) if r != odd or special == "none"]
@@ -252,15 +257,7 @@ def test_w8a8_activations_are_within_half_a_step_of_their_rows_largest(
 
 
 @settings(max_examples=30, deadline=None)
-@given(
-    rows=st.integers(1, 17),
-    fan_in=st.integers(1, 300),
-    fan_out=st.integers(1, 40),
-    spread=st.integers(0, 30),
-    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
-    bias=st.booleans(),
-    seed=st.integers(0, 2**16),
-)
+@given(**W8A8_CASES, bias=st.booleans())
 def test_w8a8_reference_is_the_exact_sum_of_the_quantized_activations(
     rows: int, fan_in: int, fan_out: int, spread: int, special: str, bias: bool, seed: int
 ) -> None:
@@ -283,16 +280,7 @@ def test_w8a8_reference_is_the_exact_sum_of_the_quantized_activations(
 
 @pytest.mark.skipif(not vnni_available(), reason=NO_VNNI)
 @settings(max_examples=40, deadline=None)
-@given(
-    rows=st.integers(1, 17),
-    fan_in=st.integers(1, 300),
-    fan_out=st.integers(1, 40),
-    spread=st.integers(0, 30),
-    special=st.sampled_from(["none", "zero", "nan", "inf", "tiny"]),
-    bias=st.booleans(),
-    threads=st.integers(1, 3),
-    seed=st.integers(0, 2**16),
-)
+@given(**W8A8_CASES, bias=st.booleans(), threads=st.integers(1, 3))
 def test_w8a8_kernel_has_its_references_bits_alone_in_any_batch_and_split(
     rows: int, fan_in: int, fan_out: int, spread: int, special: str, bias: bool, threads: int, seed: int
 ) -> None:
