@@ -30,8 +30,9 @@ float32. Its codes are not the float32 ones; the audio difference is reported by
 
 ``--quantization w8a8`` (talker on CPU, opt-in): the same int8 weights, and each row of
 activations quantized on the fly to int8 with its own step (symmetric, per token), the integer
-products summed exactly (on AVX-512 VNNI; elsewhere torch's int8 GEMM gives the same bits many
-times slower, so use ``int8`` there, and the talker logs a warning). Lossier than
+products summed exactly (our kernel on AVX-512 VNNI or AVX2; on an AVX-512 CPU without VNNI
+torch's int8 GEMM gives the same bits many times slower, so use ``int8`` there: the talker logs a
+warning). Lossier than
 ``int8``; for batches: at 8 rows it reads the weights at about the speed one row does, where the
 weight-only kernels are bound by arithmetic on a CPU without AMX. Its audio difference is
 reported beside ``int8``'s.

@@ -23,8 +23,7 @@ its own tile element, which depends only on its own rows of A: the row count nev
 bit. A row with a non-finite value gives NaN outputs (its digits would mean nothing).
 
 Compiled after :mod:`.amx_source` (its tile configuration type and ``has_amx_bf16``, which asks
-the OS for the tile state AMX-INT8 shares), :mod:`.gemv_source` (``G``, ``store_group``,
-``row_largest_magnitude``) and
+the OS for the tile state AMX-INT8 shares), :mod:`.gemv_source` (``G``, ``store_group``) and
 :mod:`.vec_source` (``tail_mask``);
 where the build lacks AMX-INT8 only ``has_amx_int8`` (returning 0) is defined.
 """
@@ -52,8 +51,14 @@ static void x_digits(const float* x, int8_t* xd, int* exponent, int R, int K, in
     for (int r = 0; r < R; ++r) {
         const float* xr = x + (long)r * K;
         int8_t* dr = xd + (long)DIGITS * r * Kp;
-        int bad;
-        float largest = row_largest_magnitude(xr, K, &bad);
+        __m512 m = _mm512_setzero_ps();
+        __mmask16 bad = 0;
+        for (int k = 0; k < K; k += 16) {
+            __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), xr + k));
+            bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf, NaN */
+            m = _mm512_max_ps(m, v);
+        }
+        float largest = _mm512_reduce_max_ps(m);
         if (bad || largest == 0.0f) {
             exponent[r] = bad ? INT_MIN : 0;
             memset(dr, 0, (size_t)DIGITS * Kp);

@@ -27,7 +27,7 @@ among them changes only the summation order (last bits), never the model:
 * ``w8a8`` (``--quantization w8a8``): the int8 weights and scales of ``int8``, and each row of
   activations quantized on the fly to int8 with its own step (symmetric, per token), summed
   exactly in int32: ``torch-w8a8`` (:func:`.gemv.w8a8_reference`) and ``gemv-w8a8`` (ours on
-  AVX-512 VNNI, :mod:`.vnni_source`), the same bits. Lossier than ``int8`` (the activations
+  AVX-512 VNNI or AVX2, :mod:`.w8a8_source`), the same bits. Lossier than ``int8`` (the activations
   keep 8 bits against their row's largest), but at 8 rows one instruction takes 64 products
   with no widening, where the weight-only kernels are bound by arithmetic.
 
@@ -63,7 +63,7 @@ from .gemv import (
     kernel_k_group,
     pack_w8a8,
     pack_weight,
-    vnni_available,
+    w8a8_kernel_available,
     w8a8_reference,
 )
 
@@ -184,7 +184,7 @@ class TorchInt8Linear(KernelLinear):
 
 class TorchW8A8Linear(TorchInt8Linear):
     """int8 weights and per-row int8 activations in torch (:func:`.gemv.w8a8_reference`): the
-    ``w8a8`` family where our VNNI kernel is missing, with its bits (the int8 weights, scales and
+    ``w8a8`` family where our kernel is missing (an AVX-512 CPU without VNNI), with its bits (the int8 weights, scales and
     bias as :class:`TorchInt8Linear` holds them)."""
 
     kernel = "torch-w8a8"
@@ -199,7 +199,7 @@ class GemvLinear(KernelLinear):
     for the row-wise bf16 dot-product kernel); bf16 activations are widened to float32 and the
     result rounded back, as torch's bf16 GEMM does (the dot-product kernels take them as they
     are; ``amx``: on AMX-BF16 tiles; ``x_digits``: int8 on AMX-INT8 tiles; ``a8``: int8 weights
-    and activations on AVX-512 VNNI, :func:`.gemv.gemv_w8a8`)."""
+    and activations, :func:`.gemv.gemv_w8a8`)."""
 
     def __init__(
         self,
@@ -352,7 +352,7 @@ def candidate_available(name: str) -> bool:
     if name == "gemv-int8x4amx":
         return amx_int8_available()
     if name == "gemv-w8a8":
-        return vnni_available()
+        return w8a8_kernel_available()
     if name.startswith("gemv"):
         return gemv_available()
     if name == "torch-int8":

@@ -308,7 +308,7 @@ def set_up_linears(
         return "torch (nn.Linear)", None
     if family == "w8a8" and not candidate_available("gemv-w8a8"):
         logger.warning(
-            "--quantization w8a8 without our AVX-512 VNNI kernel (this CPU or build lacks it) runs "
+            "--quantization w8a8 without our kernel (AVX-512 VNNI or AVX2; this CPU or build lacks it) runs "
             "in torch's int8 GEMM, many times slower than --quantization int8 here"
         )
     shapes = linear_shapes(module)

@@ -49,7 +49,7 @@ from .pool_source import SOURCE as POOL_SOURCE
 from .snake_source import SOURCE as SNAKE_SOURCE
 from .stack_source import SOURCE as STACK_SOURCE
 from .vec_source import SOURCE as VEC_SOURCE
-from .vnni_source import SOURCE as VNNI_SOURCE
+from .w8a8_source import SOURCE as W8A8_SOURCE
 
 logger = logging.getLogger(__name__)
 
@@ -60,13 +60,13 @@ LIBRARY_SOURCE = (
     + GEMV_SOURCE
     + AMX_SOURCE
     + AMX_INT8_SOURCE
-    + VNNI_SOURCE
+    + W8A8_SOURCE
     + STACK_SOURCE
     + SNAKE_SOURCE
 )
 """What the library compiles, in this order: the 16-lane vector on AVX-512 or AVX2
 (:mod:`.vec_source`), the work sharing (:mod:`.pool_source`), the GEMV kernels (:mod:`.gemv_source`,
-:mod:`.amx_source`, :mod:`.amx_int8_source`, :mod:`.vnni_source`) and, calling them, the fused decoder stack
+:mod:`.amx_source`, :mod:`.amx_int8_source`, :mod:`.w8a8_source`) and, calling them, the fused decoder stack
 (:mod:`.stack_source`, :mod:`.fused_stack`), and the codec decoder's SnakeBeta activation
 (:mod:`.snake_source`, :mod:`.snake`): one library, one worker pool per process."""
 AVX512_FLAGS = frozenset({"avx512f", "avx512bw", "avx512vl"})
@@ -88,16 +88,18 @@ def _compiler() -> str | None:
     return shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
 
 
-def compile_library(source: str, out: Path, cc: str | None = None) -> str | None:
+def compile_library(source: str, out: Path, cc: str | None = None, march: str = "native") -> str | None:
     """Compile C ``source`` into the shared library ``out`` as the kernels are built (:data:`CFLAGS`
-    with ``cc``, default ``$CC``, cc or gcc; the source is written beside ``out``): None, or why
-    it failed."""
+    with ``cc``, default ``$CC``, cc or gcc; the source is written beside ``out``; ``march``: for
+    another CPU than this one, e.g. an AVX2 build to test on an AVX-512 machine): None, or why it
+    failed."""
     cc = cc or _compiler()
     if cc is None:
         return "no C compiler ($CC, cc, gcc)"
     src = out.with_suffix(".c")
     src.write_text(source)
-    proc = subprocess.run([cc, *CFLAGS, str(src), "-o", str(out)], capture_output=True, text=True)
+    flags = [f"-march={march}" if flag == "-march=native" else flag for flag in CFLAGS]
+    proc = subprocess.run([cc, *flags, str(src), "-o", str(out)], capture_output=True, text=True)
     return None if proc.returncode == 0 else f"{cc} failed: {proc.stderr[-2000:]}"
 
 
@@ -195,11 +197,13 @@ def amx_int8_available() -> bool:
     return amx_bf16_available() and "amx_int8" in cpu_flags() and bool(_library().has_amx_int8())  # type: ignore[union-attr]
 
 
-def vnni_available() -> bool:
+def w8a8_kernel_available() -> bool:
     """Whether the kernel has the int8-activations kernel (:func:`gemv_w8a8`): built with
-    AVX-512 VNNI, on a CPU that has it."""
+    AVX-512 VNNI (on a CPU that has it) or for AVX2; not an AVX-512 build without VNNI."""
     lib = _library()
-    return lib is not None and "avx512_vnni" in cpu_flags() and bool(lib.has_vnni())
+    return (
+        lib is not None and bool(lib.has_w8a8()) and (library_isa() == "avx2" or "avx512_vnni" in cpu_flags())
+    )
 
 
 def gemv_available() -> bool:
@@ -373,11 +377,11 @@ def gemv_w8a8(
 ) -> torch.Tensor:
     """``x`` float32 [R, K] quantized per row to int8, times the int8 ``weight`` (:func:`pack_w8a8`)
     with per-channel ``scale`` (float32 [N]), plus ``bias`` (float32 [N] or None), on AVX-512 VNNI
-    (:func:`vnni_available`; :mod:`.vnni_source`). Returns float32 [R, N], the bits of
+    or AVX2 (:func:`w8a8_kernel_available`; :mod:`.w8a8_source`). Returns float32 [R, N], the bits of
     :func:`w8a8_reference`."""
     lib = _library()
-    if lib is None or not vnni_available():
-        raise RuntimeError("the GEMV kernel has no AVX-512 VNNI on this machine (see vnni_available)")
+    if lib is None or not w8a8_kernel_available():
+        raise RuntimeError("the GEMV library has no w8a8 kernel on this machine (see w8a8_kernel_available)")
     rows, k = x.shape
     if (
         x.dtype != torch.float32
@@ -428,7 +432,7 @@ def w8a8_reference(
     its ``scale`` float32 [N] (:func:`.candidates.quantize_int8`). The integer sums are exact
     (``torch._int_mm``: int32, as the kernel's), then rounded once to float32 as the kernel's
     conversion does. Slow (torch's int8 GEMM on CPU reads ~0.5 GB/s of weights): the family's
-    fallback where the CPU has no VNNI, and the tests' reference."""
+    fallback where our kernel is missing, and the tests' reference."""
     xq, step = quantize_rows(x.float())
     if xq.shape[1] == 1:  # torch 2.13's CPU _int_mm sums wrongly over one input feature: pad a zero
         xq, q = F.pad(xq, (0, 1)), F.pad(q, (0, 1))
@@ -468,6 +472,6 @@ __all__ = [
     "pack_w8a8",
     "pack_weight",
     "quantize_rows",
-    "vnni_available",
+    "w8a8_kernel_available",
     "w8a8_reference",
 ]

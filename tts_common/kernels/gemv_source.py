@@ -163,21 +163,6 @@ static inline void store_group(float* y, long N, int n0, int rows, const v16* ou
     }
 }
 
-#if VEC_AVX512
-/* The largest |x| of a row of K floats; *nonfinite set where one is inf or NaN. For the kernels
-   that quantize a row on the fly (the AMX-INT8 and VNNI ones). */
-static inline float row_largest_magnitude(const float* xr, int K, int* nonfinite) {
-    __m512 m = _mm512_setzero_ps();
-    __mmask16 bad = 0;
-    for (int k = 0; k < K; k += 16) {
-        __m512 v = _mm512_abs_ps(_mm512_maskz_loadu_ps(tail_mask(K - k), xr + k));
-        bad |= _mm512_cmp_ps_mask(v, _mm512_set1_ps(3.4028235e38f), _CMP_NLE_UQ); /* inf, NaN */
-        m = _mm512_max_ps(m, v);
-    }
-    *nonfinite = bad != 0;
-    return _mm512_reduce_max_ps(m);
-}
-#endif
 
 /* The kernel NAME over packed groups: x of XT, weights of WT, KP x 16 weights a group (KP: K, or
    K rounded up to whole pairs for the dot product). */

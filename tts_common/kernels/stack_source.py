@@ -2,7 +2,7 @@
 
 Compiled into the same library as the GEMV (:mod:`.gemv_source`, appended after it): the stack
 calls ``gemv_f32``/``gemv_i8``/``gemv_bf16``/``gemv_bf16dp``/``gemv_i8dp``, the AMX kernels and
-``gemv_i8a8`` (:mod:`.vnni_source`) directly and shares their worker pool (``share``), so a process has one library and one pool.
+``gemv_i8a8`` (:mod:`.w8a8_source`) directly and shares their worker pool (``share``), so a process has one library and one pool.
 
 ``stack_forward`` runs every layer and the final norm of a Qwen3 decoder stack for ``R = B*S``
 new tokens, float32 or bfloat16 activations (held as float32, rounded to bf16 wherever the torch
@@ -226,15 +226,10 @@ static void round_rows(float* y, long n, int bf16) {
 #else
 #define STACK_HAS_AMX_INT8 0
 #endif
-#if VEC_AVX512 && defined(__AVX512VNNI__)
-#define STACK_HAS_VNNI 1
-#else
-#define STACK_HAS_VNNI 0
-#endif
 
 /* y = x @ W.T (* scale) (+ bias) with the stack's GEMV, rounded for bf16 activations; ``xb``:
    room for x as bf16 (the dot-product and bf16 AMX kernels' input). Returns 0, 4 where the
-   kernel is not in this build, or 5 where an allocating int8 kernel (AMX, VNNI) could not allocate. */
+   kernel is not in this build, or 5 where an allocating int8 kernel (AMX-INT8, w8a8) could not allocate. */
 static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, const void* w, const void* scale,
                   const void* bias, float* y, int R, int K, int N, int nthreads) {
     const float* sc = (const float*)scale;
@@ -258,7 +253,7 @@ static int linear(const stack_desc* d, int kind, const float* x, uint16_t* xb, c
         return 4;
 #endif
     } else if (kind == K_I8A8) {
-#if STACK_HAS_VNNI
+#if HAS_W8A8
         if (gemv_i8a8(x, (const int8_t*)w, sc, bi, y, R, K, N, nthreads)) return 5;
 #else
         return 4;
@@ -363,7 +358,7 @@ int stack_forward(const stack_desc* d, const float* x_in, float* out, const floa
 #endif
         if (!STACK_HAS_AMX && (kind == K_I8AMX || kind == K_BF16AMX)) return 4;
         if (!STACK_HAS_AMX_INT8 && kind == K_I8X4AMX) return 4;
-        if (!STACK_HAS_VNNI && kind == K_I8A8) return 4;
+        if (!HAS_W8A8 && kind == K_I8A8) return 4;
     }
     for (int r = 0; r < R; ++r) if (positions[r] < 0 || positions[r] >= max_len) return 1;
     for (int b = 0; b < B; ++b) if (slots[b] < 0 || slots[b] >= num_slots) return 2;

@@ -21,7 +21,7 @@ from tts_common.kernels.gemv import (
     amx_int8_available,
     bf16_dot_available,
     library,
-    vnni_available,
+    w8a8_kernel_available,
 )
 from tts_common.layers import GatedMLP
 
@@ -69,7 +69,7 @@ FAMILIES = {
             "w8a8-bf16": (torch.bfloat16, "gemv-w8a8"),
             "w8a8-split": (torch.float32, "gemv-w8a8"),
         }
-        if vnni_available()
+        if w8a8_kernel_available()
         else {}
     ),
 }

@@ -4,6 +4,7 @@ rounding; the choice kept per shape, cached, and one kernel for every bucket."""
 
 from __future__ import annotations
 
+import ctypes
 import json
 import threading
 
@@ -13,6 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from torch import nn
 
+from tts_common.cpu_info import cpu_flags
 from tts_common.kernels import choice
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.kernels.candidates import (
@@ -27,10 +29,12 @@ from tts_common.kernels.candidates import (
 )
 from tts_common.kernels.gemv import (
     A8_MAX_IN_FEATURES,
+    LIBRARY_SOURCE,
     X4_MAX_IN_FEATURES,
     amx_bf16_available,
     amx_int8_available,
     bf16_dot_available,
+    compile_library,
     gemv,
     gemv_available,
     gemv_reference,
@@ -39,7 +43,7 @@ from tts_common.kernels.gemv import (
     pack_w8a8,
     pack_weight,
     quantize_rows,
-    vnni_available,
+    w8a8_kernel_available,
     w8a8_reference,
 )
 
@@ -60,7 +64,7 @@ TOLERANCE = {
 }
 """Relative tolerance against float32 nn.Linear, by the kernel's precision (w8a8: each activation
 also within half a step of its row's largest / 127)."""
-NO_VNNI = "no AVX-512 VNNI on this CPU (or no kernel library): the w8a8 kernel cannot run"
+NO_W8A8 = "no w8a8 kernel here (no kernel library, or AVX-512 without VNNI)"
 
 
 @pytest.fixture(autouse=True)
@@ -278,7 +282,7 @@ def test_w8a8_reference_is_the_exact_sum_of_the_quantized_activations(
         assert got[odd].isnan().all()
 
 
-@pytest.mark.skipif(not vnni_available(), reason=NO_VNNI)
+@pytest.mark.skipif(not w8a8_kernel_available(), reason=NO_W8A8)
 @settings(max_examples=40, deadline=None)
 @given(**W8A8_CASES, bias=st.booleans(), threads=st.integers(1, 3))
 def test_w8a8_kernel_has_its_references_bits_alone_in_any_batch_and_split(
@@ -300,7 +304,51 @@ def test_w8a8_kernel_has_its_references_bits_alone_in_any_batch_and_split(
         torch.set_num_threads(before)
 
 
-@pytest.mark.skipif(not vnni_available(), reason=NO_VNNI)
+@pytest.fixture(scope="module")
+def avx2_library(tmp_path_factory):  # type: ignore[no-untyped-def]
+    """The kernel library built for AVX2 (Haswell's instructions), to run here beside the native
+    build: its w8a8 kernel takes another instruction path (VPMADDUBSW) to the same bits."""
+    if not {"avx2", "fma", "bmi2"} <= cpu_flags():
+        pytest.skip("this CPU cannot run an AVX2 (Haswell) build")
+    out = tmp_path_factory.mktemp("avx2") / "gemv.so"
+    error = compile_library(LIBRARY_SOURCE, out, march="haswell")
+    if error is not None:
+        pytest.skip(f"no AVX2 build here: {error}")
+    lib = ctypes.CDLL(str(out))
+    lib.gemv_i8a8.argtypes = [ctypes.c_void_p] * 5 + [ctypes.c_int] * 4
+    lib.gemv_i8a8.restype = ctypes.c_int
+    return lib
+
+
+@settings(max_examples=30, deadline=None)
+@given(**W8A8_CASES, bias=st.booleans(), threads=st.integers(1, 3))
+def test_w8a8_kernel_of_an_avx2_build_has_the_same_bits(  # type: ignore[no-untyped-def]
+    avx2_library,
+    rows: int,
+    fan_in: int,
+    fan_out: int,
+    spread: int,
+    special: str,
+    seed: int,
+    bias: bool,
+    threads: int,
+) -> None:
+    x, weight, scale, b, _ = _w8a8_case(rows, fan_in, fan_out, spread, special, seed)
+    b = b if bias else None
+    packed = pack_w8a8(weight)
+    y = torch.empty(rows, fan_out)
+    args = (
+        x.data_ptr(),
+        packed.data.data_ptr(),
+        scale.data_ptr(),
+        None if b is None else b.data_ptr(),
+        y.data_ptr(),
+    )
+    assert avx2_library.gemv_i8a8(*args, rows, fan_in, fan_out, threads) == 0
+    assert torch.equal(y.view(torch.int32), w8a8_reference(x, weight, scale, b).view(torch.int32))
+
+
+@pytest.mark.skipif(not w8a8_kernel_available(), reason=NO_W8A8)
 def test_w8a8_kernel_refuses_more_input_features_than_its_int32_sums_hold() -> None:
     k = A8_MAX_IN_FEATURES + 1
     weight, scale = torch.ones(16, k, dtype=torch.int8), torch.ones(16)
@@ -439,8 +487,8 @@ def test_set_up_linears_replaces_each_layer_and_refuses_what_cannot_run() -> Non
         choice.set_up_linears(nn.Linear(4, 4), "cpu", torch.float32, "auto", "int4", (1,))
 
 
-def test_w8a8_without_our_vnni_kernel_runs_its_torch_twin_and_says_it_is_slow(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
-    # A CPU without AVX-512 VNNI: the same bits from torch's int8 GEMM, and a warning to pick int8.
+def test_w8a8_without_our_kernel_runs_its_torch_twin_and_says_it_is_slow(monkeypatch, caplog) -> None:  # type: ignore[no-untyped-def]
+    # An AVX-512 CPU without VNNI: the same bits from torch's int8 GEMM, and a warning to pick int8.
     from tts_common.kernels import candidates
 
     available = candidates.candidate_available

@@ -13,7 +13,7 @@ from talker_service.model.loader import TalkerModel
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.auto_dtype import CANDIDATES, measured_cpu_dtype, probe_cache_path
 from tts_common.kernels.cache import CACHE_ENV
-from tts_common.kernels.gemv import vnni_available
+from tts_common.kernels.gemv import w8a8_kernel_available
 
 CKPT = CKPT_DIR / "tiny_custom_voice"
 
@@ -25,7 +25,7 @@ CKPT = CKPT_DIR / "tiny_custom_voice"
         "int8",
         pytest.param(
             "w8a8",
-            marks=pytest.mark.skipif(not vnni_available(), reason="no AVX-512 VNNI: no w8a8 GEMV to force"),
+            marks=pytest.mark.skipif(not w8a8_kernel_available(), reason="no w8a8 GEMV here to force"),
         ),
     ],
 )

@@ -16,7 +16,7 @@ from talker_service.model.step import DecodeState, decode_step, prefill
 from tests.helpers.fixtures import CKPT_DIR, fixture_prompt_inputs, load_requests
 from tts_common.kernels.cache import CACHE_ENV
 from tts_common.kernels.choice import set_up_linears
-from tts_common.kernels.gemv import gemv_available, vnni_available
+from tts_common.kernels.gemv import gemv_available, w8a8_kernel_available
 from tts_common.synthesis import SamplingParams
 
 pytestmark = [
@@ -44,7 +44,7 @@ def kernel_cache(tmp_path, monkeypatch):  # type: ignore[no-untyped-def]
         pytest.param(
             "float32",
             "w8a8",
-            marks=pytest.mark.skipif(not vnni_available(), reason="no AVX-512 VNNI on this CPU"),
+            marks=pytest.mark.skipif(not w8a8_kernel_available(), reason="no w8a8 GEMV here"),
         ),
     ],
 )

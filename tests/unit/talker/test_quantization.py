@@ -53,7 +53,7 @@ def _prefill_logits(m: TalkerModel, line: dict) -> torch.Tensor:
 def test_quantized_logits_stay_close_to_float32(dtype: torch.dtype, quantization: str) -> None:
     # In a bfloat16 model (--dtype auto on a CPU with bf16 arithmetic) too: int8 measured ~0.014
     # against float32's logits, where bfloat16 alone is ~0.006; w8a8 (int8 activations too)
-    # ~0.018 (torch-w8a8 where the CPU has no VNNI: the same bits as gemv-w8a8).
+    # ~0.018 (torch-w8a8 where our kernel is missing: the same bits as gemv-w8a8).
     ref, low = _model(), _model(dtype, quantization=quantization)
     kernels = {mod.kernel for mod in low.talker.modules() if isinstance(mod, KernelLinear)}
     assert kernels and kernels <= set(FAMILIES[quantization])

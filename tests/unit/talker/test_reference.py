@@ -25,7 +25,7 @@ from tests.helpers.fixtures import fixture_prompt_inputs
 from tests.helpers.talker import generate
 from tts_common.kernels.candidates import KernelLinear
 from tts_common.kernels.choice import set_up_linears
-from tts_common.kernels.gemv import gemv_available, vnni_available
+from tts_common.kernels.gemv import gemv_available, w8a8_kernel_available
 from tts_common.onednn_linear import OneDnnLinear, onednn_linear_available
 from tts_common.synthesis import SamplingParams
 
@@ -169,7 +169,7 @@ def test_greedy_codes_alone_with_our_float32_gemv_and_fused_stacks(name: str) ->
             "float32",
             "w8a8",
             "gemv",
-            marks=pytest.mark.skipif(not vnni_available(), reason="no AVX-512 VNNI: no w8a8 GEMV"),
+            marks=pytest.mark.skipif(not w8a8_kernel_available(), reason="no w8a8 GEMV here"),
         ),
         *(
             pytest.param(
