@@ -183,9 +183,9 @@ class TorchInt8Linear(KernelLinear):
 
 
 class TorchW8A8Linear(TorchInt8Linear):
-    """int8 weights and per-row int8 activations in torch (:func:`.gemv.w8a8_reference`): the
-    ``w8a8`` family where our kernel is missing (an AVX-512 CPU without VNNI), with its bits (the int8 weights, scales and
-    bias as :class:`TorchInt8Linear` holds them)."""
+    """int8 weights and per-row int8 activations in torch (:func:`.gemv.w8a8_reference`), with
+    ``gemv-w8a8``'s bits: the ``w8a8`` family where our kernel is missing (an AVX-512 CPU without
+    VNNI). Holds the int8 weights, scales and bias as :class:`TorchInt8Linear` does."""
 
     kernel = "torch-w8a8"
 

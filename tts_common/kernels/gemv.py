@@ -198,7 +198,7 @@ def amx_int8_available() -> bool:
 
 
 def w8a8_kernel_available() -> bool:
-    """Whether the kernel has the int8-activations kernel (:func:`gemv_w8a8`): built with
+    """Whether the library has the int8-activations kernel (:func:`gemv_w8a8`): built with
     AVX-512 VNNI (on a CPU that has it) or for AVX2; not an AVX-512 build without VNNI."""
     lib = _library()
     return (
@@ -223,8 +223,9 @@ X4_MAX_IN_FEATURES = 131072
 """Input features the AMX-INT8 kernel takes: its int32 sums of int8 products (each at most
 127 * 127 in size) stay exact up to 2^31 / 127^2 = 133144 of them."""
 A8_MAX_IN_FEATURES = 65536
-"""Input features :func:`gemv_w8a8` takes: its int32 sums of offset weights (at most 255) times
-int8 activations (at most 127) stay exact up to 2^31 / (255 * 127) = 66311 of them."""
+"""Input features :func:`gemv_w8a8` takes: its int32 sums (on AVX-512 VNNI of weights offset
+by 128, at most 255, times int8 activations, at most 127) stay exact up to 2^31 / (255 * 127) =
+66311 of them."""
 K_GROUP_PAD = {1: 1, 2: 2, 4: 64}
 """What the input features are zero-padded to a multiple of, by ``k_group``: pairs of k for the
 bf16 dot product, whole 64-k tile blocks for the AMX-INT8 kernel."""
