@@ -33,6 +33,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -298,7 +299,7 @@ def gemv(
     lib = _library()
     if lib is None:
         raise RuntimeError("the GEMV kernel is not available on this machine (see gemv_available)")
-    rows, k = x.shape
+    k = x.shape[1]
     bf16_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.bfloat16
     int8_dot = x.dtype == torch.bfloat16 and weight.dtype == torch.int8 and not amx
     k_group = kernel_k_group(x.dtype, weight.dtype, amx, x_digits)
@@ -319,8 +320,6 @@ def gemv(
     if isinstance(weight, torch.Tensor) and not rows_layout:
         weight = pack_weight(weight, k_group)
     data = weight.data if isinstance(weight, PackedWeight) else weight.contiguous()
-    x = x.contiguous()
-    y = torch.empty(rows, n, dtype=torch.float32)
     if bf16_dot:
         if not bf16_dot_available():
             raise RuntimeError("the GEMV kernel has no bf16 dot product on this machine")
@@ -349,6 +348,22 @@ def gemv(
         fn = lib.gemv_f32
     else:
         raise ValueError(f"unsupported weight dtype {weight.dtype}")
+    return _call(fn, x, data, scale, bias, n)
+
+
+def _call(
+    fn: Callable[..., int | None],
+    x: torch.Tensor,
+    data: torch.Tensor,
+    scale: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    n: int,
+) -> torch.Tensor:
+    """``y`` float32 [R, n] from library kernel ``fn`` (the kernels' one signature: x, w, scale,
+    bias, y, R, K, N, threads) on torch's thread count."""
+    x = x.contiguous()
+    rows, k = x.shape
+    y = torch.empty(rows, n, dtype=torch.float32)
     status = fn(
         x.data_ptr(),
         data.data_ptr(),
@@ -361,7 +376,9 @@ def gemv(
         torch.get_num_threads(),
     )
     if status:  # only the kernels that allocate return one
-        raise MemoryError("the GEMV kernel could not allocate its converted activations")
+        raise MemoryError(
+            f"the GEMV kernel {getattr(fn, '__name__', fn)} could not allocate its converted activations"
+        )
     return y
 
 
@@ -383,7 +400,7 @@ def gemv_w8a8(
     lib = _library()
     if lib is None or not w8a8_kernel_available():
         raise RuntimeError("the GEMV library has no w8a8 kernel on this machine (see w8a8_kernel_available)")
-    rows, k = x.shape
+    k = x.shape[1]
     if (
         x.dtype != torch.float32
         or weight.dtype != torch.int8
@@ -395,22 +412,7 @@ def gemv_w8a8(
         )
     if k > A8_MAX_IN_FEATURES:
         raise ValueError(f"the w8a8 kernel sums at most {A8_MAX_IN_FEATURES} input features (got {k})")
-    x = x.contiguous()
-    y = torch.empty(rows, weight.out_features, dtype=torch.float32)
-    status = lib.gemv_i8a8(
-        x.data_ptr(),
-        weight.data.data_ptr(),
-        scale.data_ptr(),
-        _ptr(bias),
-        y.data_ptr(),
-        rows,
-        k,
-        weight.out_features,
-        torch.get_num_threads(),
-    )
-    if status:
-        raise MemoryError("the w8a8 kernel could not allocate its quantized activations")
-    return y
+    return _call(lib.gemv_i8a8, x, weight.data, scale, bias, weight.out_features)
 
 
 def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

@@ -134,8 +134,9 @@ static void quantize_rows(const float* x, int8_t* q, float* step, int32_t* offse
         v16_store(lanes, tail_mask(16), m);
         for (int i = 0; i < 16; ++i) largest = lanes[i] > largest ? lanes[i] : largest;
         float s = largest / 127.0f;
-        if (v16_reduce_add(nonfinite) != 0.0f || s == 0.0f) {
-            step[r] = v16_reduce_add(nonfinite) != 0.0f ? NAN : 0.0f;
+        int bad = v16_reduce_add(nonfinite) != 0.0f;
+        if (bad || s == 0.0f) {
+            step[r] = bad ? NAN : 0.0f;
             offset[r] = 0;
             memset(qr, 0, (size_t)Kp);
             continue;
