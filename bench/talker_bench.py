@@ -79,13 +79,12 @@ def dtype_and_quantization(name: str) -> tuple[str, str]:
     """A benchmark's dtype entry as (``--dtype``, ``--quantization``): ``int8`` (``w8a8``) is
     float32 with that quantization, ``DTYPE+int8`` (``auto+w8a8``) that dtype with it, any other a
     dtype alone."""
-    if name in QUANTIZATION_CHOICES and name != "none":
+    quantized = [q for q in QUANTIZATION_CHOICES if q != "none"]
+    if name in quantized:
         name = f"float32+{name}"
     dtype, plus, quantization = name.partition("+")
-    if plus and quantization not in QUANTIZATION_CHOICES[1:]:
-        raise ValueError(
-            f"{name}: +{quantization} is no quantization (choose from {', '.join(QUANTIZATION_CHOICES[1:])})"
-        )
+    if plus and quantization not in quantized:
+        raise ValueError(f"{name}: +{quantization} is no quantization (choose from {', '.join(quantized)})")
     return dtype, quantization or "none"
 
 
