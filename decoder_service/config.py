@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import dataclass, field
 
-from tts_common.flags import NOT_A_FLAG, config_from_args, flag
+from tts_common.flags import NOT_A_FLAG, config_from_args, flag, non_negative_float
 from tts_common.memory import parse_size
 from tts_common.self_check import CUDA_GRAPHS_CHOICES
 from tts_common.stage_main import StageModelConfig, stage_flags
@@ -15,6 +15,11 @@ STAGE = "decoder"
 DEFAULT_PORT = 50053
 DEFAULT_GRAPH_MEMORY = 4 * 2**30
 """``--graph-memory``'s default (see :attr:`DecoderConfig.graph_memory`)."""
+DEFAULT_PLAYOUT_HEADROOM_MS = 120.0
+"""``--playout-headroom-ms``'s default: room for one small chunk's decode and its wait for a
+batched forward with other streams (up to ~50 ms of wall time on 2 CPU cores shared with the
+talker) twice over, and less than the first chunk's 160 ms, so that a stream generated several
+times faster than real time (a GPU) keeps the schedule's chunks."""
 
 
 @dataclass
@@ -41,6 +46,14 @@ class DecoderConfig:
     largest batches' activations; 4 GiB keeps batch sizes up to about 8 (float32) or 16
     (bfloat16), where those steps are already compute-bound. The talker's
     --other-stages-memory must count this bound (deploy/OPERATIONS.md)."""
+    playout_headroom_ms: float = field(
+        default=DEFAULT_PLAYOUT_HEADROOM_MS, metadata=flag(parse=non_negative_float)
+    )
+    """Send the frames a stream holds, before its chunk is full, once a listener who started
+    playing at its first chunk would have less than this much audio left when they are decoded
+    (:mod:`decoder_service.pacing`:
+    a stream slower than twice real time otherwise runs dry each time the chunk size doubles);
+    0 = chunk sizes from the schedule only."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (eager replays on the static buffers; tests)."""
 
@@ -61,6 +74,7 @@ def decoder_config_from_args(model: StageModelConfig, args: argparse.Namespace) 
 
 __all__ = [
     "DEFAULT_GRAPH_MEMORY",
+    "DEFAULT_PLAYOUT_HEADROOM_MS",
     "DEFAULT_PORT",
     "FLAGS",
     "STAGE",

@@ -3,7 +3,8 @@
 Protocol (``qwen3tts.internal.v1.Decoder/Decode``, bidirectional): ``DecodeStart`` (optional
 voice-clone prefix codes, chunk schedule), then ``CodecChunk``s as the talker produces them, then
 ``DecodeEnd``. The server answers ``PcmChunk``s (float32 LE) following the request's chunk
-schedule (small first chunk, growing to ``max_chunk_frames``) and a final ``DecodeDone``. The
+schedule (small first chunk, growing to ``max_chunk_frames``; earlier where a listener would
+run out of audio first, :mod:`.pacing`) and a final ``DecodeDone``. The
 audio is the exact whole-utterance decode, chunk boundaries included (streaming state, no
 re-decoding of left context).
 
@@ -41,6 +42,7 @@ from .model.decoder import CodecDecoder
 from .model.loading import load_codec_decoder
 from .model.self_check import start_batcher
 from .model.streaming import ChunkSchedule, DecoderSession, SessionBatcher
+from .pacing import PlayoutPacer
 
 logger = logging.getLogger(__name__)
 
@@ -232,20 +234,21 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
                 )
         session = await self.compute.run(DecoderSession, self.decoder, prefix)
         spf = self.decoder.samples_per_frame
+        pacer = PlayoutPacer(schedule, spf / self.sample_rate, self.config.playout_headroom_ms / 1000)
         pending: list[np.ndarray] = []
         pending_frames = 0
         emitted_frames = 0
-        chunk_index = 0
         t0 = time.monotonic()
         first_chunk_ms = 0.0
         expected_frame = 0
         ended = False
 
         async def emit(n: int) -> stages_pb2.DecoderServerMessage:
-            nonlocal pending, pending_frames, emitted_frames, chunk_index, first_chunk_ms
+            nonlocal pending, pending_frames, emitted_frames, first_chunk_ms
             block = np.concatenate(pending, axis=0)
             codes, rest = block[:n], block[n:]
             pending, pending_frames = ([rest] if len(rest) else []), len(rest)
+            started = time.monotonic()
             audio = await self.batcher.decode(session, codes)
             msg = stages_pb2.DecoderServerMessage(
                 pcm=stages_pb2.PcmChunk(
@@ -257,32 +260,54 @@ class DecoderServicer(stages_pb2_grpc.DecoderServicer):
                     num_frames=n,
                 )
             )
-            if chunk_index == 0:
-                first_chunk_ms = (time.monotonic() - t0) * 1000
+            now = time.monotonic()
+            if pacer.chunks == 0:
+                first_chunk_ms = (now - t0) * 1000
+            pacer.sent(n, now, now - started)
             emitted_frames += n
-            chunk_index += 1
             return msg
 
-        async for message in messages:
-            kind = message.WhichOneof("message")
-            if kind == "chunk":
-                if ended:
-                    raise FailedPreconditionError("CodecChunk after DecodeEnd")
-                codes = self._check_codes(codes_from_proto(message.chunk.codes), "chunk")
-                if message.chunk.start_frame != expected_frame:
-                    raise FailedPreconditionError(
-                        f"chunk starts at frame {message.chunk.start_frame}, expected {expected_frame}"
-                    )
-                expected_frame += len(codes)
-                pending.append(codes)
-                pending_frames += len(codes)
-                while pending_frames >= (size := schedule.size(chunk_index)):
-                    yield await emit(size)
-            elif kind == "end":
-                ended = True
-                break
-            else:
-                raise FailedPreconditionError(f"unexpected {kind} message inside a Decode stream")
+        # The next message is awaited as a task that outlives a timeout: the pacer may need the
+        # frames held sent before the talker's next one comes (cancelling a read of the request
+        # stream would end it).
+        next_message: asyncio.Future[stages_pb2.DecoderClientMessage | None] | None = None
+        try:
+            while True:
+                if next_message is None:
+                    next_message = asyncio.ensure_future(anext(messages, None))
+                done, _ = await asyncio.wait(
+                    {next_message}, timeout=pacer.wait_s(pending_frames, time.monotonic())
+                )
+                if not done:  # the listener's audio runs low and no frame came: send those held
+                    if n := pacer.cut(pending_frames, time.monotonic()):
+                        yield await emit(n)
+                    continue
+                message, next_message = next_message.result(), None
+                if message is None:
+                    break
+                kind = message.WhichOneof("message")
+                if kind == "chunk":
+                    if ended:
+                        raise FailedPreconditionError("CodecChunk after DecodeEnd")
+                    codes = self._check_codes(codes_from_proto(message.chunk.codes), "chunk")
+                    if message.chunk.start_frame != expected_frame:
+                        raise FailedPreconditionError(
+                            f"chunk starts at frame {message.chunk.start_frame}, expected {expected_frame}"
+                        )
+                    expected_frame += len(codes)
+                    pending.append(codes)
+                    pending_frames += len(codes)
+                    pacer.arrived(len(codes), time.monotonic())
+                    while n := pacer.cut(pending_frames, time.monotonic()):
+                        yield await emit(n)
+                elif kind == "end":
+                    ended = True
+                    break
+                else:
+                    raise FailedPreconditionError(f"unexpected {kind} message inside a Decode stream")
+        finally:
+            if next_message is not None and not next_message.done():
+                next_message.cancel()
         if not ended:
             return  # the client went away without DecodeEnd: nothing more to send
         if pending_frames:

@@ -1,0 +1,137 @@
+"""When the decoder cuts a stream's next chunk: at the chunk schedule's size, or earlier with the
+frames it holds when a listener would otherwise run out of audio (a playout deadline).
+
+Why: the schedule doubles its chunks (2, 4, 8, 16, 25 frames) for a low first-audio latency and
+few forwards later. Filling a chunk of ``2n`` frames takes ``2n`` frames of generation, while
+the chunk before it plays for ``n`` frames, so a stream generated at any pace slower than twice
+real time runs dry at every doubling. On a 2-core AMD EPYC (Zen 5) one int8 stream through the
+stack ran at an RTF of 0.62-0.79 (faster than real time) and still had about 4 underruns in
+each request, all in its first 4 seconds (39 in 10 requests); paced, 8 in 10 requests, in 3 of
+them (``bench/cpu_serving.py``, 2026-11-27, ``bench/results/cpu_issue30_zen5_s43.json``).
+
+The listener is modelled as ``bench/playback.py`` measures one (as any real player behaves): playback
+starts when the first chunk leaves, plays continuously, and when a chunk comes late waits for it
+and resumes from then on. :class:`PlayoutPacer` keeps that listener's clock and cuts the frames
+it holds once the audio left to play, less their decode, falls to ``headroom_s``
+(:meth:`PlayoutPacer.cut`), also between frames (:meth:`PlayoutPacer.wait_s`: a talker that pauses does not keep frames
+already here from a listener who needs them). Where the stream is fast (a GPU, several times
+real time) the deadline is never near and the chunks are the schedule's, as before. The audio
+does not depend on where chunks are cut (streaming decode is seamless:
+:mod:`.model.streaming`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .model.streaming import ChunkSchedule
+
+_TICK_S = 1e-6
+"""A cut due within this is due now: a wait of :meth:`PlayoutPacer.wait_s` can end a rounding
+error short of the deadline."""
+SMOOTHING = 0.5
+"""Weight of the newest chunk in the decode seconds per frame (:attr:`PlayoutPacer.decode_s_per_frame`)."""
+
+
+@dataclass
+class PlayoutPacer:
+    """One stream's chunk cuts (see the module doc). Times are ``time.monotonic()`` seconds.
+
+    A chunk cut early must also be decoded before the listener's audio runs out, and decoding
+    takes time per frame (on 2 CPU cores shared with the talker, 20-30 ms of wall time per frame
+    and more for a small chunk, measured through the stack): so the frames held are cut once the
+    audio left, less their decode at this stream's own measured pace, falls to the headroom. And
+    only while the stream keeps up with real time: a stream generated slower than real time runs
+    dry whatever the cuts, and cutting it frame by frame would only cost the decoder (through the
+    stack at 8 streams, 1.2x slower in all, 20x the gaps), so it keeps the schedule once it is
+    more than the headroom behind."""
+
+    schedule: ChunkSchedule
+    """The chunk sizes the stream follows while its listener has audio to spare."""
+    frame_s: float
+    """Seconds of audio per codec frame (0.08 at 12.5 Hz)."""
+    headroom_s: float
+    """The audio a listener should still have when a chunk cut early arrives
+    (``--playout-headroom-ms``); 0 = the schedule only."""
+    chunks: int = 0
+    """Chunks sent so far."""
+    played_from: float | None = field(default=None, init=False)
+    """When the listener's audio started, moved later by every wait for a late chunk (None until
+    the first chunk has left)."""
+    sent_s: float = field(default=0.0, init=False)
+    """Seconds of audio sent so far."""
+    decode_s_per_frame: float = field(default=0.0, init=False)
+    """Decode wall seconds per frame of this stream's chunks (smoothed over chunks)."""
+    first_frame_at: float | None = field(default=None, init=False)
+    """When the first frame came."""
+    last_frame_at: float = field(default=0.0, init=False)
+    """When the latest frame came."""
+    frames_in: int = field(default=0, init=False)
+    """Frames received so far."""
+
+    def left_s(self, now: float) -> float | None:
+        """Seconds of audio sent but not yet played at ``now`` (negative: the listener has been
+        waiting that long); None before the first chunk."""
+        if self.played_from is None:
+            return None
+        return self.played_from + self.sent_s - now
+
+    def keeping_up(self) -> bool:
+        """Whether the frames, from the first to the latest, have come in the time they play,
+        give or take the headroom (the first frames can come unevenly: on 2 CPU cores the third
+        came 133 ms after the second, behind the first chunk's decode, then every ~50 ms)."""
+        if self.first_frame_at is None:
+            return True
+        return (
+            self.frames_in - 1
+        ) * self.frame_s + self.headroom_s >= self.last_frame_at - self.first_frame_at
+
+    def _slack_s(self, held: int, now: float) -> float | None:
+        """Audio left at ``now`` once the ``held`` frames are decoded, beyond the headroom; None
+        where no early cut applies (nothing held, no headroom, before the first chunk, a stream
+        slower than real time)."""
+        left = self.left_s(now)
+        if not held or self.headroom_s <= 0 or left is None or not self.keeping_up():
+            return None
+        return left - held * self.decode_s_per_frame - self.headroom_s
+
+    def cut(self, held: int, now: float) -> int:
+        """How many of the ``held`` frames to decode and send now: the schedule's next size once
+        that many are here, all of them once the listener's audio runs low, else 0 (wait)."""
+        size = self.schedule.size(self.chunks)
+        if held >= size:
+            return size
+        slack = self._slack_s(held, now)
+        return held if slack is not None and slack <= _TICK_S else 0
+
+    def wait_s(self, held: int, now: float) -> float | None:
+        """How long to wait for more frames before :meth:`cut` would send the ``held`` ones
+        (None: no limit, the next frame decides)."""
+        slack = self._slack_s(held, now)
+        return None if slack is None else max(slack, 0.0)
+
+    def arrived(self, frames: int, now: float) -> None:
+        """``frames`` frames came at ``now``."""
+        if self.first_frame_at is None:
+            self.first_frame_at = now
+        self.last_frame_at = now
+        self.frames_in += frames
+
+    def sent(self, frames: int, now: float, decode_s: float) -> None:
+        """A chunk of ``frames`` frames, decoded in ``decode_s``, left at ``now``."""
+        left = self.left_s(now)
+        if left is None:
+            self.played_from = now
+        elif left < 0:
+            self.played_from -= left  # the listener waited for this chunk and resumes now
+        self.sent_s += frames * self.frame_s
+        per_frame = decode_s / frames
+        self.decode_s_per_frame = (
+            per_frame
+            if self.chunks == 0
+            else SMOOTHING * per_frame + (1 - SMOOTHING) * self.decode_s_per_frame
+        )
+        self.chunks += 1
+
+
+__all__ = ["PlayoutPacer"]
