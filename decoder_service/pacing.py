@@ -29,8 +29,43 @@ from .model.streaming import ChunkSchedule
 _TICK_S = 1e-6
 """A cut due within this is due now: a wait of :meth:`PlayoutPacer.wait_s` can end a rounding
 error short of the deadline."""
-SMOOTHING = 0.5
-"""Weight of the newest chunk in the decode seconds per frame (:attr:`PlayoutPacer.decode_s_per_frame`)."""
+FORGET = 0.7
+"""Weight left to the chunks before, at each new one, in :class:`DecodeTime`'s fit."""
+
+
+@dataclass
+class DecodeTime:
+    """A stream's decode wall seconds for a chunk of ``n`` frames, ``fixed + per_frame * n``,
+    fitted by least squares to its chunks so far, each older chunk weighted down by
+    :data:`FORGET`. Why a fixed part: a forward costs about the same for 1 frame as for 2 or 3
+    on CPU (a frame's share would price 3 frames at 3 single-frame forwards, so held frames were
+    cut ever sooner, in ever smaller and costlier chunks). Before the chunks differ in size:
+    proportional to ``n``."""
+
+    weight: float = 0.0
+    sum_n: float = 0.0
+    sum_d: float = 0.0
+    sum_nn: float = 0.0
+    sum_nd: float = 0.0
+
+    def add(self, frames: int, seconds: float) -> None:
+        """A chunk of ``frames`` frames took ``seconds`` to decode."""
+        self.weight = FORGET * self.weight + 1
+        self.sum_n = FORGET * self.sum_n + frames
+        self.sum_d = FORGET * self.sum_d + seconds
+        self.sum_nn = FORGET * self.sum_nn + frames * frames
+        self.sum_nd = FORGET * self.sum_nd + frames * seconds
+
+    def seconds(self, frames: int) -> float:
+        """The expected decode of ``frames`` frames (0 before any chunk)."""
+        if not self.weight or not frames:
+            return 0.0
+        mean_n, mean_d = self.sum_n / self.weight, self.sum_d / self.weight
+        spread = self.sum_nn / self.weight - mean_n * mean_n
+        if spread < 1e-6:
+            return mean_d * frames / mean_n
+        per_frame = max((self.sum_nd / self.weight - mean_n * mean_d) / spread, 0.0)
+        return max(mean_d - per_frame * mean_n, 0.0) + per_frame * frames
 
 
 @dataclass
@@ -38,9 +73,10 @@ class PlayoutPacer:
     """One stream's chunk cuts (see the module doc). Times are ``time.monotonic()`` seconds.
 
     A chunk cut early must also be decoded before the listener's audio runs out, and decoding
-    takes time per frame (on 2 CPU cores shared with the talker, 20-30 ms of wall time per frame
-    and more for a small chunk, measured through the stack): so the frames held are cut once the
-    audio left, less their decode at this stream's own measured pace, falls to the headroom. And
+    takes time (on 2 CPU cores shared with the talker, 40-130 ms for 1-3 frames, then 20-30 ms a
+    frame, measured through the stack): so the frames held are cut once the audio left, less
+    their decode as this stream's chunks have taken (:class:`DecodeTime`), falls to the
+    headroom. And
     only while the stream keeps up with real time: a stream generated slower than real time runs
     dry whatever the cuts, and cutting it frame by frame would only cost the decoder (through the
     stack at 8 streams, 1.2x slower in all, 20x the gaps), so it keeps the schedule once it is
@@ -60,8 +96,8 @@ class PlayoutPacer:
     the first chunk has left)."""
     sent_s: float = field(default=0.0, init=False)
     """Seconds of audio sent so far."""
-    decode_s_per_frame: float = field(default=0.0, init=False)
-    """Decode wall seconds per frame of this stream's chunks (smoothed over chunks)."""
+    decode_time: DecodeTime = field(default_factory=DecodeTime, init=False)
+    """This stream's decode wall time by chunk size."""
     first_frame_at: float | None = field(default=None, init=False)
     """When the first frame came."""
     last_frame_at: float = field(default=0.0, init=False)
@@ -93,7 +129,7 @@ class PlayoutPacer:
         left = self.left_s(now)
         if not held or self.headroom_s <= 0 or left is None or not self.keeping_up():
             return None
-        return left - held * self.decode_s_per_frame - self.headroom_s
+        return left - self.decode_time.seconds(held) - self.headroom_s
 
     def cut(self, held: int, now: float) -> int:
         """How many of the ``held`` frames to decode and send now: the schedule's next size once
@@ -125,13 +161,8 @@ class PlayoutPacer:
         elif left < 0:
             self.played_from -= left  # the listener waited for this chunk and resumes now
         self.sent_s += frames * self.frame_s
-        per_frame = decode_s / frames
-        self.decode_s_per_frame = (
-            per_frame
-            if self.chunks == 0
-            else SMOOTHING * per_frame + (1 - SMOOTHING) * self.decode_s_per_frame
-        )
+        self.decode_time.add(frames, decode_s)
         self.chunks += 1
 
 
-__all__ = ["PlayoutPacer"]
+__all__ = ["DecodeTime", "PlayoutPacer"]

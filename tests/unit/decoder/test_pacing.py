@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from decoder_service.config import DecoderConfig
 from decoder_service.model.streaming import ChunkSchedule
-from decoder_service.pacing import PlayoutPacer
+from decoder_service.pacing import DecodeTime, PlayoutPacer
 from decoder_service.server import DecoderServicer
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
@@ -185,6 +185,29 @@ def test_the_decode_of_the_frames_held_brings_the_cut_forward() -> None:
     assert pacer.wait_s(1, 0.05) == pytest.approx(0.04)
     assert pacer.wait_s(2, 0.05) == pytest.approx(0.02) and pacer.cut(2, 0.05) == 0
     assert pacer.cut(3, 0.05) == 3
+
+
+@settings(deadline=None, max_examples=100)
+@given(
+    fixed=st.floats(0.0, 0.2),
+    per_frame=st.floats(0.0, 0.05),
+    sizes=st.lists(st.integers(1, 25), min_size=1, max_size=30),
+    ask=st.integers(1, 25),
+)
+def test_the_decode_time_of_a_chunk_is_fitted_from_the_streams_chunks(
+    fixed: float, per_frame: float, sizes: list[int], ask: int
+) -> None:
+    """Chunks that cost ``fixed + per_frame * n``: once two sizes were seen, any size's cost is
+    recovered; before, the one size seen is priced exactly and others in proportion."""
+    model = DecodeTime()
+    assert model.seconds(ask) == 0.0
+    for n in sizes:
+        model.add(n, fixed + per_frame * n)
+    if len(set(sizes)) > 1:
+        assert model.seconds(ask) == pytest.approx(fixed + per_frame * ask, rel=1e-6, abs=1e-9)
+    else:
+        assert model.seconds(sizes[0]) == pytest.approx(fixed + per_frame * sizes[0], rel=1e-6, abs=1e-9)
+        assert model.seconds(ask) == pytest.approx((fixed + per_frame * sizes[0]) * ask / sizes[0], rel=1e-6)
 
 
 def test_a_stream_that_falls_behind_real_time_is_not_cut_early() -> None:
