@@ -15,11 +15,14 @@ STAGE = "decoder"
 DEFAULT_PORT = 50053
 DEFAULT_GRAPH_MEMORY = 4 * 2**30
 """``--graph-memory``'s default (see :attr:`DecoderConfig.graph_memory`)."""
-DEFAULT_PLAYOUT_HEADROOM_MS = 120.0
-"""``--playout-headroom-ms``'s default: room for one small chunk's decode and its wait for a
-batched forward with other streams (up to ~50 ms of wall time on 2 CPU cores shared with the
-talker) twice over, and less than the first chunk's 160 ms, so that a stream generated several
-times faster than real time (a GPU) keeps the schedule's chunks."""
+DEFAULT_PLAYOUT_HEADROOM_MS = 0.0
+"""``--playout-headroom-ms``'s default: off. Pacing makes the chunk boundaries, and so the last
+bits of the audio (float rounding, ~1e-7), depend on timing; off, a request's audio is the same
+bits on every run. On a CPU host serving live listeners, 120: room for one small chunk's decode
+and its wait for a batched forward with other streams (up to ~50 ms of wall time on 2 cores
+shared with the talker) twice over, and less than the first chunk's 160 ms, so that a stream
+generated several times faster than real time (a GPU) keeps the schedule's chunks; 240 was
+worse there (more, smaller chunks)."""
 
 
 @dataclass
@@ -53,7 +56,9 @@ class DecoderConfig:
     playing at its first chunk would have less than this much audio left when they are decoded
     (:mod:`decoder_service.pacing`:
     a stream slower than twice real time otherwise runs dry each time the chunk size doubles);
-    0 = chunk sizes from the schedule only."""
+    0 (the default) = chunk sizes from the schedule only, the same audio bits on every run
+    (paced, the chunk boundaries and so the last bits depend on timing); 120 on CPU hosts serving
+    live listeners (deploy/OPERATIONS.md)."""
     emulate_cuda_graphs: bool = field(default=False, metadata=NOT_A_FLAG)
     """Run the graph path without CUDA (eager replays on the static buffers; tests)."""
 

@@ -17,7 +17,9 @@ it holds once the audio left to play, less their decode, falls to ``headroom_s``
 already here from a listener who needs them). Where the stream is fast (a GPU, several times
 real time) the deadline is never near and the chunks are the schedule's, as before. The audio
 does not depend on where chunks are cut (streaming decode is seamless:
-:mod:`.model.streaming`).
+:mod:`.model.streaming`) beyond float rounding: the cuts depend on timing, so paced, two runs of
+one request can differ in the last bits (~1e-7), which is why the decoder paces only when
+``--playout-headroom-ms`` is set.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """How streamed audio is cut into chunks: sizes in codec frames (80 ms each), small first for a
 low time to first audio, then growing (x :data:`CHUNK_GROWTH`) up to a largest size that amortises
 per-chunk overhead. One definition for the gateway (request defaults) and the decoder (its
-schedule; it sends a chunk before it is full where a listener would otherwise run out of audio:
+schedule; paced, it sends a chunk before it is full where a listener would otherwise run out of audio:
 ``decoder_service/pacing.py``)."""
 
 from __future__ import annotations

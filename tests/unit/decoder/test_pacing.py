@@ -102,7 +102,7 @@ def test_without_headroom_the_chunks_are_the_schedules(
     assert chunks == schedule.split(frames)
 
 
-@settings(deadline=None, max_examples=100)
+@settings(deadline=None, max_examples=300)
 @given(
     frames=st.integers(1, 300),
     rtf=st.floats(0.05, 0.95),
@@ -114,10 +114,12 @@ def test_a_stream_faster_than_real_time_never_runs_dry_after_its_second_chunk(
     frames: int, rtf: float, decode_s: float, decode_share: float, headroom_s: float
 ) -> None:
     """Any pace faster than real time; a decode of a fixed part shorter than the headroom plus a
-    part per frame (up to half of what a frame's generation leaves of real time): every chunk
-    after the second arrives before the audio before it has played out (the pacer judges the
-    pace from the third frame on), each frame sent once, in order."""
+    part per frame (up to half of what a frame's generation leaves of real time), a one-frame
+    chunk's decode shorter than that too (a decoder that can keep up): every chunk after the
+    second arrives before the audio before it has played out (the pacer judges the pace from the
+    third frame on), each frame sent once, in order."""
     interval = rtf * FRAME_S
+    assume(decode_s + decode_share * (FRAME_S - interval) < FRAME_S - interval)
     chunks, listener = simulate(
         frames, interval, decode_s, headroom_s, ChunkSchedule(), decode_share * (FRAME_S - interval)
     )

@@ -91,7 +91,13 @@ OWN: dict[str, dict[str, Any]] = {
         "--linear": "auto",
         "--quantization": "none",
     },
-    "decoder": {**MODEL, "--max-streams": 64, "--cuda-graphs": "auto", "--graph-memory": 4 * 2**30},
+    "decoder": {
+        **MODEL,
+        "--max-streams": 64,
+        "--cuda-graphs": "auto",
+        "--graph-memory": 4 * 2**30,
+        "--playout-headroom-ms": 0.0,
+    },
     "speaker": {**MODEL, "--cache-size": 256, "--max-audio-seconds": 60.0},
     "aligner": {**MODEL, "--max-batch-size": 8, "--batch-wait-ms": 5.0, "--max-audio-seconds": 0.0},
 }
