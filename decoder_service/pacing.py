@@ -5,26 +5,29 @@ Why: the schedule doubles its chunks (2, 4, 8, 16, 25 frames) for a low first-au
 few forwards later. Filling a chunk of ``2n`` frames takes ``2n`` frames of generation, while
 the chunk before it plays for ``n`` frames, so a stream generated at any pace slower than twice
 real time runs dry at every doubling. On a 2-core AMD EPYC (Zen 5) one int8 stream through the
-stack ran at an RTF of 0.62-0.79 (faster than real time) and still had about 4 underruns in
-each request, all in its first 4 seconds (39 in 10 requests); paced, 8 in 10 requests, in 3 of
-them (``bench/cpu_serving.py``, 2026-11-27, ``bench/results/cpu_issue30_zen5_s43.json``).
+stack ran at an RTF of 0.62-0.79 (faster than real time) and still had 19-20 underruns in every
+run of 5 requests, all in the first 4 seconds of each; paced at 120 ms, 4-14 in 1-3 of the 5
+requests, over six runs (``bench/cpu_serving.py``, 2026-11-27,
+``bench/results/cpu_issue30_zen5_s43.json``).
 
-The listener is modelled as ``bench/playback.py`` measures one (as any real player behaves): playback
-starts when the first chunk leaves, plays continuously, and when a chunk comes late waits for it
-and resumes from then on. :class:`PlayoutPacer` keeps that listener's clock and cuts the frames
-it holds once the audio left to play, less their decode, falls to ``headroom_s``
-(:meth:`PlayoutPacer.cut`), also between frames (:meth:`PlayoutPacer.wait_s`: a talker that pauses does not keep frames
-already here from a listener who needs them). Where the stream is fast (a GPU, several times
-real time) the deadline is never near and the chunks are the schedule's, as before. The audio
-does not depend on where chunks are cut (streaming decode is seamless:
-:mod:`.model.streaming`) beyond float rounding: the cuts depend on timing, so paced, two runs of
-one request can differ in the last bits (~1e-7), which is why the decoder paces only when
-``--playout-headroom-ms`` is set.
+The listener is :class:`tts_common.playback.Playback`, the one the benches measure (as any real
+player behaves): playback starts when the first chunk leaves, plays continuously, and when a
+chunk comes late waits for it and resumes from then on. :class:`PlayoutPacer` keeps that
+listener's clock and cuts the frames it holds once the audio left to play, less their decode,
+falls to ``headroom_s`` (:meth:`PlayoutPacer.cut`), also between frames
+(:meth:`PlayoutPacer.wait_s`: a talker that pauses does not keep frames already here from a
+listener who needs them). Where the stream is fast (a GPU, several times real time) the deadline
+is never near and the chunks are the schedule's, as before. The audio does not depend on where
+chunks are cut (streaming decode is seamless: :mod:`.model.streaming`) beyond float rounding:
+the cuts depend on timing, so paced, two runs of one request can differ in the last bits
+(~1e-7), which is why the decoder paces only when ``--playout-headroom-ms`` is set.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from tts_common.playback import Playback
 
 from .model.streaming import ChunkSchedule
 
@@ -97,11 +100,8 @@ class PlayoutPacer:
     (``--playout-headroom-ms``); 0 = the schedule only."""
     chunks: int = 0
     """Chunks sent so far."""
-    played_from: float | None = field(default=None, init=False)
-    """When the listener's audio started, moved later by every wait for a late chunk (None until
-    the first chunk has left)."""
-    sent_s: float = field(default=0.0, init=False)
-    """Seconds of audio sent so far."""
+    listener: Playback = field(default_factory=Playback, init=False)
+    """The listener's clock: playing from the first chunk, waiting out each late one."""
     decode_time: DecodeTime = field(default_factory=DecodeTime, init=False)
     """This stream's decode wall time by chunk size."""
     first_frame_at: float | None = field(default=None, init=False)
@@ -114,9 +114,7 @@ class PlayoutPacer:
     def left_s(self, now: float) -> float | None:
         """Seconds of audio sent but not yet played at ``now`` (negative: the listener has been
         waiting that long); None before the first chunk."""
-        if self.played_from is None:
-            return None
-        return self.played_from + self.sent_s - now
+        return self.listener.left_s(now)
 
     def keeping_up(self) -> bool:
         """Whether the frames, from the first to the latest, have come in the time they play,
@@ -161,12 +159,7 @@ class PlayoutPacer:
 
     def sent(self, frames: int, now: float, decode_s: float) -> None:
         """A chunk of ``frames`` frames, decoded in ``decode_s``, left at ``now``."""
-        left = self.left_s(now)
-        if left is None:
-            self.played_from = now
-        elif left < 0:
-            self.played_from -= left  # the listener waited for this chunk and resumes now
-        self.sent_s += frames * self.frame_s
+        self.listener.chunk(now, frames * self.frame_s)
         self.decode_time.add(frames, decode_s)
         self.chunks += 1
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import pytest
@@ -19,27 +18,9 @@ from decoder_service.pacing import DecodeTime, PlayoutPacer
 from decoder_service.server import DecoderServicer
 from tests.helpers.fixtures import CKPT_DIR
 from tts_common.pb.qwen3tts.internal.v1 import stages_pb2
+from tts_common.playback import Playback
 
 FRAME_S = 0.08
-
-
-@dataclass
-class Listener:
-    """Plays from the first chunk's arrival; waits for a late chunk and resumes from it."""
-
-    started: float | None = None
-    played_s: float = 0.0
-    waited_s: float = 0.0
-    late: list[float] = field(default_factory=list)
-
-    def arrive(self, now: float, seconds: float) -> None:
-        if self.started is None:
-            self.started = now
-        else:
-            late = max(now - (self.started + self.waited_s + self.played_s), 0.0)
-            self.waited_s += late
-            self.late.append(late)
-        self.played_s += seconds
 
 
 def simulate(
@@ -49,12 +30,12 @@ def simulate(
     headroom_s: float,
     schedule: ChunkSchedule,
     decode_s_per_frame: float = 0.0,
-) -> tuple[list[int], Listener]:
+) -> tuple[list[int], Playback]:
     """One stream: a frame every ``interval_s``; the decoder, one chunk at a time, each taking
     ``decode_s`` plus ``decode_s_per_frame`` a frame, cutting as the pacer says at each frame and
     each timer it asks for; returns the chunk sizes and what the listener heard."""
     pacer = PlayoutPacer(schedule, FRAME_S, headroom_s)
-    listener = Listener()
+    listener = Playback()
     chunks: list[int] = []
     held = arrived = 0
     now = 0.0
@@ -66,7 +47,7 @@ def simulate(
         held -= n
         chunks.append(n)
         pacer.sent(n, now, took)
-        listener.arrive(now, n * FRAME_S)
+        listener.chunk(now, n * FRAME_S)
 
     while arrived < frames:
         next_frame = (arrived + 1) * interval_s
@@ -124,7 +105,7 @@ def test_a_stream_faster_than_real_time_never_runs_dry_after_its_second_chunk(
         frames, interval, decode_s, headroom_s, ChunkSchedule(), decode_share * (FRAME_S - interval)
     )
     assert sum(chunks) == frames and all(n > 0 for n in chunks)
-    assert max(listener.late[1:], default=0.0) == 0.0
+    assert max(listener.late_ms[2:], default=0.0) == 0.0
     assert all(n <= ChunkSchedule().max for n in chunks)
 
 
@@ -160,9 +141,9 @@ def test_the_schedule_alone_runs_dry_below_twice_real_time(rtf: float) -> None:
     """What the pacer is for: the doubling chunks underrun a stream at these paces, with a decode
     like the stack's on 2 CPU cores (a fixed 20 ms and 25 ms a frame); paced, none after the second."""
     _, listener = simulate(100, rtf * FRAME_S, 0.02, 0.0, ChunkSchedule(), 0.025 * (1 - rtf))
-    assert sum(1 for late in listener.late if late > 0) >= 3
+    assert listener.underruns >= 3
     _, paced = simulate(100, rtf * FRAME_S, 0.02, 0.12, ChunkSchedule(), 0.025 * (1 - rtf))
-    assert max(paced.late[1:]) == 0.0
+    assert max(paced.late_ms[2:]) == 0.0
 
 
 def test_a_late_chunk_moves_the_listeners_clock() -> None:
